@@ -1,0 +1,25 @@
+"""Adaptive Sparse Softmax (AS-Softmax) and AS-Speed for Keras 3."""
+
+from keras_as_softmax.callbacks import DeltaWarmup
+from keras_as_softmax.losses import AMSoftmaxLoss
+from keras_as_softmax.losses import ASSoftmaxLoss
+from keras_as_softmax.losses import Entmax15Loss
+from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
+from keras_as_softmax.losses import MultiLabelCategoricalCrossentropy
+from keras_as_softmax.losses import SparsemaxLoss
+from keras_as_softmax.losses import SparseSoftmaxLoss
+from keras_as_softmax.losses import TemperatureSoftmaxLoss
+from keras_as_softmax.losses import am_softmax_cross_entropy
+from keras_as_softmax.losses import as_softmax_cross_entropy
+from keras_as_softmax.losses import entmax15
+from keras_as_softmax.losses import entmax15_loss
+from keras_as_softmax.losses import multilabel_as_softmax_cross_entropy
+from keras_as_softmax.losses import multilabel_categorical_crossentropy
+from keras_as_softmax.losses import sparse_softmax_cross_entropy
+from keras_as_softmax.losses import sparsemax
+from keras_as_softmax.losses import sparsemax_loss
+from keras_as_softmax.losses import temperature_softmax_cross_entropy
+from keras_as_softmax.metrics import MaskedRatio
+from keras_as_softmax.metrics import count_masked_rows
+
+__version__ = "0.1.0"

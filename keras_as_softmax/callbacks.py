@@ -1,0 +1,131 @@
+"""The delta warm-up of AS-Softmax (paper appendix A.4) as a callback."""
+
+import keras
+
+
+def find_delta_variables(objects):
+    """The `delta` variables of the losses and metrics among `objects`."""
+    found = []
+    stack = list(objects)
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif isinstance(getattr(obj, "delta", None), keras.Variable):
+            if not any(obj.delta is v for v in found):
+                found.append(obj.delta)
+    return found
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class DeltaWarmup(keras.callbacks.Callback):
+    """Trains with `delta = 1` (plain softmax) for the first steps.
+
+    Early in training the classifier is weak and AS-Softmax could drop
+    classes that still matter; the paper keeps `delta = 1` for the first
+    fraction `r` of training steps (`r = 0.15` on Clinc_oos, `0.25` on
+    CoNLL 2003) and then switches to the chosen delta. This callback does
+    that to every AS-Softmax loss the model was compiled with (any loss
+    with a `delta` variable), or to the `losses` you pass. At the end of
+    training the chosen delta is restored even if the switch never came.
+
+    Steps are the batches `fit` runs (micro-batches under
+    `keras_as_softmax.ASSpeed`), counted from the start of each `fit` call.
+    On JAX, where a compiled step holds delta as a constant, the switch
+    re-traces the train step once; TensorFlow and PyTorch read the variable
+    at every step.
+
+    Args:
+        warmup_ratio: fraction `r` in [0, 1] of the training steps that use
+            `warmup_delta`. Defaults to `0.15`.
+        warmup_delta: delta during the warm-up. Defaults to `1.0`.
+        total_steps: number of training steps of the `fit` call. Defaults to
+            `steps_per_epoch * epochs` as `fit` reports them; pass it when
+            the dataset's length is unknown.
+        losses: optional list of losses (or metrics) to control. Defaults to
+            the model's compiled loss.
+
+    Example:
+
+    ```python
+    loss = keras_as_softmax.ASSoftmaxLoss(delta=0.3)
+    model.compile(optimizer="adam", loss=loss)
+    model.fit(x, y, epochs=10,
+              callbacks=[keras_as_softmax.DeltaWarmup(warmup_ratio=0.15)])
+    ```
+    """
+
+    def __init__(self, warmup_ratio=0.15, warmup_delta=1.0, total_steps=None, losses=None):
+        super().__init__()
+        if not 0.0 <= float(warmup_ratio) <= 1.0:
+            raise ValueError(
+                "Expected `warmup_ratio` in [0, 1]. "
+                f"Received: warmup_ratio={warmup_ratio!r}"
+            )
+        if not 0.0 <= float(warmup_delta) <= 1.0:
+            raise ValueError(
+                "Expected `warmup_delta` in [0, 1]. "
+                f"Received: warmup_delta={warmup_delta!r}"
+            )
+        self.warmup_ratio = float(warmup_ratio)
+        self.warmup_delta = float(warmup_delta)
+        self.total_steps = total_steps
+        self.losses = losses
+        self._variables = []
+        self._targets = []
+
+    def on_train_begin(self, logs=None):
+        sources = self.losses if self.losses is not None else [self.model.loss]
+        self._variables = find_delta_variables(sources)
+        if not self._variables:
+            raise ValueError(
+                "DeltaWarmup found no loss with a `delta` variable. Compile "
+                "the model with keras_as_softmax.ASSoftmaxLoss (or "
+                "MultiLabelASSoftmaxLoss), or pass `losses=[...]`. "
+                f"Received: model.loss={self.model.loss!r}"
+            )
+        total = self.total_steps
+        if total is None:
+            steps, epochs = self.params.get("steps"), self.params.get("epochs")
+            if steps is None or epochs is None:
+                raise ValueError(
+                    "DeltaWarmup needs the number of training steps, but fit "
+                    "does not know the dataset's length. Pass "
+                    "`total_steps=...`."
+                )
+            total = steps * epochs
+        self._switch_step = int(round(self.warmup_ratio * total))
+        self._targets = [float(keras.ops.convert_to_numpy(v)) for v in self._variables]
+        self._step = 0
+        self._warm = self._switch_step > 0
+        if self._warm:
+            self._assign([self.warmup_delta] * len(self._variables))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._warm and self._step >= self._switch_step:
+            self._end_warmup()
+        self._step += 1
+
+    def on_train_end(self, logs=None):
+        if self._warm:
+            self._assign(self._targets)
+            self._warm = False
+
+    def _end_warmup(self):
+        self._assign(self._targets)
+        self._warm = False
+        if keras.backend.backend() == "jax":
+            self.model.make_train_function(force=True)
+
+    def _assign(self, values):
+        for variable, value in zip(self._variables, values):
+            variable.assign(value)
+
+    def get_config(self):
+        return {
+            "warmup_ratio": self.warmup_ratio,
+            "warmup_delta": self.warmup_delta,
+            "total_steps": self.total_steps,
+        }

@@ -1,0 +1,174 @@
+"""Adaptive Sparse Softmax (AS-Softmax) cross entropy for multi-class tasks."""
+
+import keras
+from keras import ops
+
+from keras_as_softmax.losses import _common
+from keras_as_softmax.losses._base import MultiClassLoss
+
+
+def as_softmax_keep_mask(probs, is_target, delta):
+    """Classes AS-Softmax keeps: `p_t - p_i < delta`, and the target itself.
+
+    Args:
+        probs: softmax probabilities `[..., C]`.
+        is_target: bool one-hot of the target `[..., C]`.
+        delta: margin in [0, 1] (number, tensor or variable).
+
+    Returns:
+        A bool tensor `[..., C]`, constant for differentiation.
+    """
+    target_prob = ops.sum(ops.where(is_target, probs, 0.0), axis=-1, keepdims=True)
+    delta = ops.cast(delta, probs.dtype)
+    keep = ops.logical_or(ops.less(target_prob - probs, delta), is_target)
+    return ops.stop_gradient(keep)
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+def as_softmax_cross_entropy(
+    y_true,
+    y_pred,
+    delta=0.3,
+    from_logits=True,
+    label_mode="int",
+    ignore_class=None,
+):
+    """Per-sample AS-Softmax cross entropy.
+
+    Drops, per row, every class whose probability trails the target's by at
+    least `delta`, and takes softmax cross entropy over the classes left.
+    A row whose target leads every other class by `delta` gets a loss and a
+    gradient of exactly 0.0 (it is "masked").
+
+    Formula:
+
+    ```
+    p      = softmax(o)
+    keep_i = (p_t - p_i < delta) or (i == t)
+    loss   = logsumexp(o[keep]) - o_t
+    ```
+
+    Args:
+        y_true: integer labels `[...]` (or `[..., 1]`), or one-hot labels
+            `[..., C]` with `label_mode="categorical"`.
+        y_pred: logits `[..., C]` (probabilities if `from_logits=False`).
+            Half-precision inputs are computed in float32.
+        delta: margin in [0, 1]. `1.0` gives softmax cross entropy, `0.0`
+            drops every class less likely than the target. Defaults to `0.3`.
+        from_logits: whether `y_pred` holds logits. Defaults to `True`.
+        label_mode: `"int"` or `"categorical"`. Defaults to `"int"`.
+        ignore_class: optional int label whose positions get loss 0.
+
+    Returns:
+        Loss values of shape `[...]`, float32 (float64 for float64 inputs).
+    """
+    delta = _common.check_delta(delta)
+    logits, is_target, valid = _common.prepare_multiclass(
+        y_true, y_pred, from_logits, label_mode, ignore_class
+    )
+    top, exps = _common.shift_exp(logits)
+    probs = exps / ops.sum(exps, axis=-1, keepdims=True)
+    keep = as_softmax_keep_mask(probs, is_target, delta)
+    values = _common.kept_cross_entropy(logits, is_target, keep, (top, exps))
+    return _common.zero_invalid(values, valid)
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class ASSoftmaxLoss(MultiClassLoss):
+    """Adaptive Sparse Softmax (AS-Softmax) cross entropy.
+
+    A drop-in replacement for
+    `keras.losses.SparseCategoricalCrossentropy(from_logits=True)` that stops
+    pushing the target probability toward 1 once the target leads every
+    other class by a margin `delta`. Per row, the classes whose probability
+    trails the target's by at least `delta` are dropped and cross entropy is
+    taken over the classes left; when only the target is left, the row's
+    loss and gradient are exactly 0 and the row is "masked". Works for
+    sentence classification (`[batch]` labels, `[batch, C]` logits) and
+    token classification (`[batch, seq]` labels, `[batch, seq, C]` logits,
+    with `ignore_class` for padding and sub-word pieces).
+
+    `from_logits` defaults to `True`, unlike Keras's cross entropies: the
+    method is defined on logits, and a model ending in a softmax would waste
+    precision. `delta` lives in a non-trainable `keras.Variable`
+    (`loss.delta`), so callbacks such as
+    `keras_as_softmax.DeltaWarmup` can change it during training without
+    recompiling on TensorFlow and PyTorch (JAX bakes it into the compiled
+    step, and `DeltaWarmup` asks for one re-trace when it changes).
+
+    Formula:
+
+    ```
+    p      = softmax(o)
+    keep_i = (p_t - p_i < delta) or (i == t)
+    loss   = logsumexp(o[keep]) - o_t
+    ```
+
+    Args:
+        delta: margin in [0, 1]. `1.0` is softmax cross entropy; smaller
+            values mask more rows. Defaults to `0.3`, the paper's advice.
+        from_logits: whether `y_pred` holds logits. Defaults to `True`.
+        label_mode: `"int"` for integer labels (`[...]`), `"categorical"`
+            for one-hot labels (`[..., C]`, hard labels only). Defaults to
+            `"int"`.
+        ignore_class: optional int label (e.g. `-100` or `-1`) whose
+            positions get loss 0, are left out of the mean, and are never
+            counted as masked rows. Defaults to `None`.
+        reduction: as in `keras.losses.Loss`. Defaults to
+            `"sum_over_batch_size"`; `None` returns per-row values (0 at
+            ignored positions).
+        name: defaults to `"as_softmax_loss"`.
+        dtype: as in `keras.losses.Loss`. The math always runs in at least
+            float32.
+
+    Returns:
+        The reduced loss, or per-row values with `reduction=None`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> loss = keras_as_softmax.ASSoftmaxLoss(delta=0.3, reduction=None)
+    >>> logits = np.array([[4.0, 0.0, 0.0], [1.0, 0.8, -1.0]])
+    >>> [round(float(v), 4) for v in loss(np.array([0, 0]), logits)]
+    [0.0, 0.5981]
+
+    Reference:
+        Lv et al., "Adaptive Sparse Softmax: An Effective and Efficient
+        Softmax Variant", ICLR 2023 submission / 2025 (eq. 5-7).
+    """
+
+    fn = as_softmax_cross_entropy
+
+    def __init__(
+        self,
+        delta=0.3,
+        from_logits=True,
+        label_mode="int",
+        ignore_class=None,
+        reduction="sum_over_batch_size",
+        name="as_softmax_loss",
+        dtype=None,
+    ):
+        super().__init__(
+            from_logits=from_logits,
+            label_mode=label_mode,
+            ignore_class=ignore_class,
+            reduction=reduction,
+            name=name,
+            dtype=dtype,
+        )
+        self.delta = keras.Variable(
+            _common.check_delta(delta),
+            dtype="float32",
+            trainable=False,
+            name="delta",
+        )
+
+    def _fn_kwargs(self):
+        return {"delta": self.delta}
+
+    def get_config(self):
+        config = super().get_config()
+        config["delta"] = float(ops.convert_to_numpy(self.delta))
+        return config

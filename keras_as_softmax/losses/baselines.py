@@ -1,0 +1,537 @@
+"""The softmax variants the AS-Softmax paper compares against.
+
+Sparse-Softmax (top-k), AM-Softmax, temperature softmax, the Sparsemax loss
+and the 1.5-Entmax loss, with the conventions of `ASSoftmaxLoss` (integer or
+one-hot labels, any leading shape, `ignore_class`, float32 math). Label
+smoothing is Keras's own (`keras.losses.CategoricalCrossentropy`), and the
+unmasked multi-label baseline is `MultiLabelCategoricalCrossentropy`.
+"""
+
+import keras
+from keras import ops
+
+from keras_as_softmax.losses import _common
+from keras_as_softmax.losses._base import MultiClassLoss
+
+
+def _check_k(k, num_classes):
+    if num_classes is not None and k > num_classes:
+        raise ValueError(
+            f"Expected `k` <= the number of classes ({num_classes}). "
+            f"Received: k={k}"
+        )
+
+
+def _check_int_at_least_1(value, name):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"Expected `{name}` to be an int >= 1. Received: {name}={value!r}"
+        )
+    return value
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+def sparse_softmax_cross_entropy(
+    y_true, y_pred, k=10, from_logits=True, label_mode="int", ignore_class=None
+):
+    """Per-sample Sparse-Softmax cross entropy (Sun et al., 2021).
+
+    Cross entropy over the `k` largest logits of each row, with the target
+    added when it is not among them (ties at the k-th value are all kept).
+
+    Formula:
+
+    ```
+    keep_i = (o_i >= k-th largest logit) or (i == t)
+    loss   = logsumexp(o[keep]) - o_t
+    ```
+
+    Args:
+        y_true: integer labels `[...]`, or one-hot `[..., C]` with
+            `label_mode="categorical"`.
+        y_pred: logits `[..., C]`.
+        k: number of classes kept, 1 <= k <= C. Defaults to `10`.
+        from_logits, label_mode, ignore_class: as in
+            `as_softmax_cross_entropy`.
+
+    Returns:
+        Loss values of shape `[...]`.
+    """
+    _check_int_at_least_1(k, "k")
+    logits, is_target, valid = _common.prepare_multiclass(
+        y_true, y_pred, from_logits, label_mode, ignore_class
+    )
+    _check_k(k, logits.shape[-1])
+    kth = ops.top_k(ops.stop_gradient(logits), k, sorted=True)[0][..., -1:]
+    keep = ops.logical_or(ops.greater_equal(logits, kth), is_target)
+    values = _common.kept_cross_entropy(logits, is_target, keep)
+    return _common.zero_invalid(values, valid)
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+def am_softmax_cross_entropy(
+    y_true,
+    y_pred,
+    scale=10.0,
+    margin=0.3,
+    from_logits=True,
+    label_mode="int",
+    ignore_class=None,
+):
+    """Per-sample additive-margin softmax cross entropy (paper eq. 21).
+
+    Formula:
+
+    ```
+    loss = -log(exp(s (o_t - m)) / (exp(s (o_t - m)) + sum_{j != t} exp(s o_j)))
+    ```
+
+    Args:
+        y_true, y_pred, from_logits, label_mode, ignore_class: as in
+            `as_softmax_cross_entropy`.
+        scale: `s`. Defaults to `10.0`.
+        margin: `m`, subtracted from the target logit. Defaults to `0.3`.
+
+    Returns:
+        Loss values of shape `[...]`.
+    """
+    logits, is_target, valid = _common.prepare_multiclass(
+        y_true, y_pred, from_logits, label_mode, ignore_class
+    )
+    logits = scale * ops.where(is_target, logits - margin, logits)
+    values = _common.kept_cross_entropy(logits, is_target)
+    return _common.zero_invalid(values, valid)
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+def temperature_softmax_cross_entropy(
+    y_true,
+    y_pred,
+    temperature=1.0,
+    from_logits=True,
+    label_mode="int",
+    ignore_class=None,
+):
+    """Per-sample cross entropy of `softmax(o / temperature)` (T-Softmax).
+
+    Args:
+        y_true, y_pred, from_logits, label_mode, ignore_class: as in
+            `as_softmax_cross_entropy`.
+        temperature: `tau` > 0; larger is smoother. Defaults to `1.0`.
+
+    Returns:
+        Loss values of shape `[...]`.
+    """
+    logits, is_target, valid = _common.prepare_multiclass(
+        y_true, y_pred, from_logits, label_mode, ignore_class
+    )
+    values = _common.kept_cross_entropy(logits / temperature, is_target)
+    return _common.zero_invalid(values, valid)
+
+
+def _sorted_desc(x):
+    return ops.flip(ops.sort(x, axis=-1), axis=-1)
+
+
+def _gather_last(x, index):
+    return ops.squeeze(ops.take_along_axis(x, index, axis=-1), axis=-1)
+
+
+def sparsemax(logits):
+    """Sparsemax (Martins & Astudillo, 2016), sort-based, along the last axis.
+
+    The Euclidean projection of the logits onto the probability simplex:
+    `max(o - tau, 0)` with the threshold `tau` that makes it sum to 1.
+    """
+    z = logits - ops.max(logits, axis=-1, keepdims=True)
+    z_sorted = _sorted_desc(z)
+    rank = ops.arange(1, ops.shape(z)[-1] + 1, dtype=z.dtype)
+    cumsum = ops.cumsum(z_sorted, axis=-1)
+    support = ops.greater(1.0 + rank * z_sorted, cumsum)
+    size = ops.sum(ops.cast(support, "int32"), axis=-1, keepdims=True)
+    tau = (_gather_last(cumsum, size - 1) - 1.0) / ops.cast(
+        ops.squeeze(size, -1), z.dtype
+    )
+    return ops.maximum(z - ops.expand_dims(tau, -1), 0.0)
+
+
+def entmax15(logits):
+    """1.5-Entmax (Peters et al., 2019), exact sort-based algorithm.
+
+    `max(o / 2 - tau, 0) ** 2` with the threshold `tau` that makes it sum to
+    1; it interpolates between softmax and sparsemax.
+    """
+    z = (logits - ops.max(logits, axis=-1, keepdims=True)) / 2.0
+    z_sorted = _sorted_desc(z)
+    rank = ops.arange(1, ops.shape(z)[-1] + 1, dtype=z.dtype)
+    mean = ops.cumsum(z_sorted, axis=-1) / rank
+    mean_sq = ops.cumsum(ops.square(z_sorted), axis=-1) / rank
+    spread = rank * (mean_sq - ops.square(mean))
+    tau_all = mean - ops.sqrt(ops.maximum((1.0 - spread) / rank, 0.0))
+    size = ops.sum(
+        ops.cast(ops.less_equal(tau_all, z_sorted), "int32"), axis=-1, keepdims=True
+    )
+    tau = ops.expand_dims(_gather_last(tau_all, size - 1), -1)
+    return ops.square(ops.maximum(z - tau, 0.0))
+
+
+def _check_logits_only(from_logits, name):
+    if not from_logits:
+        raise ValueError(
+            f"{name} is defined on logits only: expected from_logits=True. "
+            f"Received: from_logits={from_logits!r}"
+        )
+
+
+def _tsallis_loss(logits, is_target, probs, alpha):
+    """Fenchel-Young loss of the Tsallis alpha-entropy at `probs`.
+
+    `(1 - sum p^alpha) / (alpha (alpha - 1)) + <p - onehot, o>`, whose
+    gradient with `p` held constant is `p - onehot`, the exact gradient.
+    """
+    probs = ops.stop_gradient(probs)
+    onehot = ops.cast(is_target, logits.dtype)
+    entropy = (1.0 - ops.sum(probs**alpha, axis=-1)) / (alpha * (alpha - 1.0))
+    return entropy + ops.sum((probs - onehot) * logits, axis=-1)
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+def sparsemax_loss(y_true, y_pred, from_logits=True, label_mode="int", ignore_class=None):
+    """Per-sample Sparsemax loss (Martins & Astudillo, 2016).
+
+    Formula:
+
+    ```
+    p    = sparsemax(o)
+    loss = (1 - ||p||^2) / 2 + <p - onehot(t), o>
+    ```
+
+    Args:
+        y_true, y_pred, label_mode, ignore_class: as in
+            `as_softmax_cross_entropy`.
+        from_logits: must be `True`: the loss is defined on logits.
+
+    Returns:
+        Loss values of shape `[...]`, zero once `p` is the one-hot target.
+    """
+    _check_logits_only(from_logits, "sparsemax_loss")
+    logits, is_target, valid = _common.prepare_multiclass(
+        y_true, y_pred, True, label_mode, ignore_class
+    )
+    values = _tsallis_loss(logits, is_target, sparsemax(logits), 2.0)
+    return _common.zero_invalid(values, valid)
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+def entmax15_loss(y_true, y_pred, from_logits=True, label_mode="int", ignore_class=None):
+    """Per-sample 1.5-Entmax loss (Peters et al., 2019).
+
+    Formula:
+
+    ```
+    p    = entmax15(o)
+    loss = (1 - sum p^1.5) / 0.75 + <p - onehot(t), o>
+    ```
+
+    Args:
+        y_true, y_pred, label_mode, ignore_class: as in
+            `as_softmax_cross_entropy`.
+        from_logits: must be `True`: the loss is defined on logits.
+
+    Returns:
+        Loss values of shape `[...]`.
+    """
+    _check_logits_only(from_logits, "entmax15_loss")
+    logits, is_target, valid = _common.prepare_multiclass(
+        y_true, y_pred, True, label_mode, ignore_class
+    )
+    values = _tsallis_loss(logits, is_target, entmax15(logits), 1.5)
+    return _common.zero_invalid(values, valid)
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class SparseSoftmaxLoss(MultiClassLoss):
+    """Sparse-Softmax cross entropy: softmax over the top-k logits only.
+
+    The predecessor of AS-Softmax: each row keeps its `k` largest logits
+    (and the target, if it is not among them) and takes cross entropy over
+    those.
+
+    Formula:
+
+    ```
+    keep_i = (o_i >= k-th largest logit) or (i == t)
+    loss   = logsumexp(o[keep]) - o_t
+    ```
+
+    Args:
+        k: number of classes kept, 1 <= k <= C. Defaults to `10`.
+        from_logits: whether `y_pred` holds logits. Defaults to `True`.
+        label_mode: `"int"` or `"categorical"`. Defaults to `"int"`.
+        ignore_class: optional int label to ignore. Defaults to `None`.
+        reduction: as in `keras.losses.Loss`. Defaults to
+            `"sum_over_batch_size"`.
+        name: defaults to `"sparse_softmax_loss"`.
+        dtype: as in `keras.losses.Loss`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> loss = keras_as_softmax.SparseSoftmaxLoss(k=2, reduction=None)
+    >>> [round(float(v), 4) for v in loss(np.array([2]), np.array([[3.0, 2.0, 1.0]]))]
+    [2.4076]
+
+    Reference:
+        Sun et al., "Sparsing and Smoothing for the seq2seq Models", 2021.
+    """
+
+    fn = sparse_softmax_cross_entropy
+
+    def __init__(
+        self,
+        k=10,
+        from_logits=True,
+        label_mode="int",
+        ignore_class=None,
+        reduction="sum_over_batch_size",
+        name="sparse_softmax_loss",
+        dtype=None,
+    ):
+        super().__init__(
+            from_logits=from_logits,
+            label_mode=label_mode,
+            ignore_class=ignore_class,
+            reduction=reduction,
+            name=name,
+            dtype=dtype,
+        )
+        self.k = _check_int_at_least_1(k, "k")
+
+    def _fn_kwargs(self):
+        return {"k": self.k}
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class AMSoftmaxLoss(MultiClassLoss):
+    """Additive-margin softmax cross entropy (AM-Softmax), paper eq. 21.
+
+    The target logit is lowered by `margin` and all logits are scaled by
+    `scale` before softmax cross entropy.
+
+    Formula:
+
+    ```
+    loss = -log(exp(s (o_t - m)) / (exp(s (o_t - m)) + sum_{j != t} exp(s o_j)))
+    ```
+
+    Args:
+        scale: `s` > 0. Defaults to `10.0`.
+        margin: `m`. Defaults to `0.3`.
+        from_logits: whether `y_pred` holds logits. Defaults to `True`.
+        label_mode: `"int"` or `"categorical"`. Defaults to `"int"`.
+        ignore_class: optional int label to ignore. Defaults to `None`.
+        reduction: as in `keras.losses.Loss`. Defaults to
+            `"sum_over_batch_size"`.
+        name: defaults to `"am_softmax_loss"`.
+        dtype: as in `keras.losses.Loss`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> loss = keras_as_softmax.AMSoftmaxLoss(scale=1.0, margin=0.0)
+    >>> round(float(loss(np.array([0]), np.array([[0.0, 0.0]]))), 4)
+    0.6931
+
+    Reference:
+        Wang et al., "Additive Margin Softmax for Face Verification", 2018.
+    """
+
+    fn = am_softmax_cross_entropy
+
+    def __init__(
+        self,
+        scale=10.0,
+        margin=0.3,
+        from_logits=True,
+        label_mode="int",
+        ignore_class=None,
+        reduction="sum_over_batch_size",
+        name="am_softmax_loss",
+        dtype=None,
+    ):
+        super().__init__(
+            from_logits=from_logits,
+            label_mode=label_mode,
+            ignore_class=ignore_class,
+            reduction=reduction,
+            name=name,
+            dtype=dtype,
+        )
+        self.scale = float(_common.check_positive(scale, "scale"))
+        self.margin = float(margin)
+
+    def _fn_kwargs(self):
+        return {"scale": self.scale, "margin": self.margin}
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class TemperatureSoftmaxLoss(MultiClassLoss):
+    """Cross entropy of a temperature softmax (T-Softmax).
+
+    Formula:
+
+    ```
+    loss = -log softmax(o / tau)_t
+    ```
+
+    Args:
+        temperature: `tau` > 0; larger is smoother. Defaults to `1.0`.
+        from_logits: whether `y_pred` holds logits. Defaults to `True`.
+        label_mode: `"int"` or `"categorical"`. Defaults to `"int"`.
+        ignore_class: optional int label to ignore. Defaults to `None`.
+        reduction: as in `keras.losses.Loss`. Defaults to
+            `"sum_over_batch_size"`.
+        name: defaults to `"temperature_softmax_loss"`.
+        dtype: as in `keras.losses.Loss`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> loss = keras_as_softmax.TemperatureSoftmaxLoss(temperature=2.0)
+    >>> round(float(loss(np.array([0]), np.array([[2.0, 0.0]]))), 4)
+    0.3133
+    """
+
+    fn = temperature_softmax_cross_entropy
+
+    def __init__(
+        self,
+        temperature=1.0,
+        from_logits=True,
+        label_mode="int",
+        ignore_class=None,
+        reduction="sum_over_batch_size",
+        name="temperature_softmax_loss",
+        dtype=None,
+    ):
+        super().__init__(
+            from_logits=from_logits,
+            label_mode=label_mode,
+            ignore_class=ignore_class,
+            reduction=reduction,
+            name=name,
+            dtype=dtype,
+        )
+        self.temperature = float(_common.check_positive(temperature, "temperature"))
+
+    def _fn_kwargs(self):
+        return {"temperature": self.temperature}
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class SparsemaxLoss(MultiClassLoss):
+    """Sparsemax loss (Martins & Astudillo, 2016), on logits.
+
+    Formula:
+
+    ```
+    p    = sparsemax(o)
+    loss = (1 - ||p||^2) / 2 + <p - onehot(t), o>
+    ```
+
+    Args:
+        label_mode: `"int"` or `"categorical"`. Defaults to `"int"`.
+        ignore_class: optional int label to ignore. Defaults to `None`.
+        reduction: as in `keras.losses.Loss`. Defaults to
+            `"sum_over_batch_size"`.
+        name: defaults to `"sparsemax_loss"`.
+        dtype: as in `keras.losses.Loss`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> loss = keras_as_softmax.SparsemaxLoss()
+    >>> round(float(loss(np.array([0]), np.array([[3.0, 0.0, 0.0]]))), 4)
+    0.0
+
+    Reference:
+        Martins & Astudillo, "From Softmax to Sparsemax", ICML 2016.
+    """
+
+    fn = sparsemax_loss
+
+    def __init__(
+        self,
+        label_mode="int",
+        ignore_class=None,
+        reduction="sum_over_batch_size",
+        name="sparsemax_loss",
+        dtype=None,
+    ):
+        super().__init__(
+            label_mode=label_mode,
+            ignore_class=ignore_class,
+            reduction=reduction,
+            name=name,
+            dtype=dtype,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        del config["from_logits"]
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class Entmax15Loss(SparsemaxLoss):
+    """1.5-Entmax loss (Peters et al., 2019), on logits.
+
+    Formula:
+
+    ```
+    p    = entmax15(o)
+    loss = (1 - sum p^1.5) / 0.75 + <p - onehot(t), o>
+    ```
+
+    Args:
+        label_mode: `"int"` or `"categorical"`. Defaults to `"int"`.
+        ignore_class: optional int label to ignore. Defaults to `None`.
+        reduction: as in `keras.losses.Loss`. Defaults to
+            `"sum_over_batch_size"`.
+        name: defaults to `"entmax15_loss"`.
+        dtype: as in `keras.losses.Loss`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> loss = keras_as_softmax.Entmax15Loss()
+    >>> round(float(loss(np.array([0]), np.array([[5.0, 0.0, 0.0]]))), 4)
+    0.0
+
+    Reference:
+        Peters, Niculae & Martins, "Sparse Sequence-to-Sequence Models",
+        ACL 2019.
+    """
+
+    fn = entmax15_loss
+
+    def __init__(
+        self,
+        label_mode="int",
+        ignore_class=None,
+        reduction="sum_over_batch_size",
+        name="entmax15_loss",
+        dtype=None,
+    ):
+        super().__init__(
+            label_mode=label_mode,
+            ignore_class=ignore_class,
+            reduction=reduction,
+            name=name,
+            dtype=dtype,
+        )

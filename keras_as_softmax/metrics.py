@@ -1,0 +1,113 @@
+"""The masked-sample ratio of AS-Softmax as a Keras metric."""
+
+import keras
+from keras import ops
+
+
+def count_masked_rows(loss, y_true, y_pred, sample_weight=None):
+    """Counts the rows a loss masks, over the rows that count.
+
+    A row (a sample, or a token) is *masked* when its loss is exactly 0.0.
+    Rows labelled with the loss's `ignore_class` and rows whose sample weight
+    is 0 are not counted at all, so padding never inflates the ratio.
+
+    Args:
+        loss: a `keras.losses.Loss` whose `call` returns per-row values,
+            such as `keras_as_softmax.ASSoftmaxLoss`.
+        y_true: labels, as the loss takes them.
+        y_pred: model outputs, as the loss takes them.
+        sample_weight: optional weights broadcastable to the rows.
+
+    Returns:
+        `(masked, counted)`: float32 scalars.
+    """
+    y_true = ops.convert_to_tensor(y_true, dtype=loss.dtype)
+    y_pred = ops.convert_to_tensor(y_pred, dtype=loss.dtype)
+    values = ops.stop_gradient(loss.call(y_true, y_pred))
+    counted = ops.ones_like(values, dtype="bool")
+    ignore_class = getattr(loss, "ignore_class", None)
+    if ignore_class is not None:
+        labels = ops.reshape(ops.cast(y_true, "int32"), ops.shape(values))
+        counted = ops.not_equal(labels, ignore_class)
+    if sample_weight is not None:
+        sample_weight = ops.convert_to_tensor(sample_weight)
+        while len(sample_weight.shape) > len(values.shape):
+            sample_weight = ops.squeeze(sample_weight, -1)
+        while len(sample_weight.shape) < len(values.shape):
+            sample_weight = ops.expand_dims(sample_weight, -1)
+        counted = ops.logical_and(counted, ops.not_equal(sample_weight, 0))
+    masked = ops.logical_and(counted, ops.equal(values, 0.0))
+    return (
+        ops.sum(ops.cast(masked, "float32")),
+        ops.sum(ops.cast(counted, "float32")),
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class MaskedRatio(keras.metrics.Metric):
+    """Fraction of counted rows whose AS-Softmax loss is exactly 0.
+
+    The quantity behind the paper's Figure 1 and AS-Speed: the share of
+    samples (or non-ignored tokens) that the loss has "masked" because
+    their target already leads every other class by `delta`. Give it the
+    same loss object you compile with, so that it follows any change to
+    `loss.delta` (for instance by `keras_as_softmax.DeltaWarmup`).
+
+    Args:
+        loss: the loss whose zeros are counted. Defaults to
+            `keras_as_softmax.ASSoftmaxLoss()` (delta 0.3).
+        name: defaults to `"masked_ratio"`.
+        dtype: the metric's dtype.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> metric = keras_as_softmax.MaskedRatio(keras_as_softmax.ASSoftmaxLoss(0.3))
+    >>> metric.update_state(np.array([0, 1]), np.array([[5.0, 0.0], [0.0, 0.1]]))
+    >>> float(metric.result())
+    0.5
+
+    In `compile`:
+
+    ```python
+    loss = keras_as_softmax.ASSoftmaxLoss(delta=0.3)
+    model.compile(loss=loss, metrics=[keras_as_softmax.MaskedRatio(loss)])
+    ```
+    """
+
+    def __init__(self, loss=None, name="masked_ratio", dtype=None):
+        super().__init__(name=name, dtype=dtype)
+        if loss is None:
+            from keras_as_softmax.losses import ASSoftmaxLoss
+
+            loss = ASSoftmaxLoss()
+        if not isinstance(loss, keras.losses.Loss):
+            raise ValueError(
+                "Expected `loss` to be a keras.losses.Loss instance such as "
+                f"keras_as_softmax.ASSoftmaxLoss. Received: loss={loss!r}"
+            )
+        self.loss = loss
+        self.masked = self.add_variable(shape=(), initializer="zeros", name="masked")
+        self.counted = self.add_variable(shape=(), initializer="zeros", name="counted")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        masked, counted = count_masked_rows(self.loss, y_true, y_pred, sample_weight)
+        self.masked.assign_add(ops.cast(masked, self.dtype))
+        self.counted.assign_add(ops.cast(counted, self.dtype))
+
+    def result(self):
+        return ops.divide_no_nan(self.masked, self.counted)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "loss": keras.saving.serialize_keras_object(self.loss),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["loss"] = keras.saving.deserialize_keras_object(config["loss"])
+        return cls(**config)

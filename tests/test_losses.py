@@ -1,0 +1,478 @@
+"""The loss suite: runs on the tensorflow, jax and torch backends in CI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from keras import ops
+
+import keras_as_softmax as kas
+from tests import reference
+from tests.backend_utils import BACKEND, compiled, to_numpy, value_and_grad
+
+pytestmark = pytest.mark.multibackend
+
+RNG = np.random.default_rng(1234)
+
+
+def random_case(shape, num_classes, scale=3.0, ignore_class=None, seed=0):
+    rng = np.random.default_rng(seed)
+    logits = (scale * rng.standard_normal(shape + (num_classes,))).astype("float32")
+    labels = rng.integers(0, num_classes, size=shape).astype("int32")
+    if ignore_class is not None:
+        labels[rng.random(shape) < 0.3] = ignore_class
+    return labels, logits
+
+
+MULTICLASS = {
+    "as_softmax": (
+        lambda **kw: kas.ASSoftmaxLoss(delta=0.3, **kw),
+        lambda y, o, ic: reference.as_softmax(y, o, 0.3, ic),
+    ),
+    "as_softmax_delta0": (
+        lambda **kw: kas.ASSoftmaxLoss(delta=0.0, **kw),
+        lambda y, o, ic: reference.as_softmax(y, o, 0.0, ic),
+    ),
+    "sparse_softmax": (
+        lambda **kw: kas.SparseSoftmaxLoss(k=3, **kw),
+        lambda y, o, ic: reference.sparse_softmax(y, o, 3, ic),
+    ),
+    "am_softmax": (
+        lambda **kw: kas.AMSoftmaxLoss(scale=5.0, margin=0.3, **kw),
+        lambda y, o, ic: reference.am_softmax(y, o, 5.0, 0.3, ic),
+    ),
+    "temperature": (
+        lambda **kw: kas.TemperatureSoftmaxLoss(temperature=0.5, **kw),
+        lambda y, o, ic: reference.temperature_softmax(y, o, 0.5, ic),
+    ),
+    "sparsemax": (
+        lambda **kw: kas.SparsemaxLoss(**kw),
+        lambda y, o, ic: reference.sparsemax_loss(y, o, ic),
+    ),
+    "entmax15": (
+        lambda **kw: kas.Entmax15Loss(**kw),
+        lambda y, o, ic: reference.entmax15_loss(y, o, ic),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MULTICLASS))
+@pytest.mark.parametrize("shape,num_classes", [((8,), 5), ((4, 6), 9), ((3,), 151)])
+def test_multiclass_matches_numpy_reference(name, shape, num_classes):
+    make, ref = MULTICLASS[name]
+    labels, logits = random_case(shape, num_classes, seed=num_classes)
+    got = to_numpy(make(reduction=None)(labels, logits))
+    np.testing.assert_allclose(got, ref(labels, logits, None), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", sorted(MULTICLASS))
+def test_multiclass_ignore_class_and_sample_weight(name):
+    make, ref = MULTICLASS[name]
+    labels, logits = random_case((4, 7), 6, ignore_class=-100, seed=3)
+    weights = np.random.default_rng(3).random((4,)).astype("float32")
+    expected_rows = ref(labels, logits, -100)
+
+    per_row = to_numpy(make(reduction=None, ignore_class=-100)(labels, logits))
+    np.testing.assert_allclose(per_row, expected_rows, rtol=2e-5, atol=2e-5)
+    assert np.all(per_row[labels == -100] == 0.0)
+
+    # Mean over non-ignored positions, each sample's tokens weighted by its weight.
+    valid = labels != -100
+    expected = (expected_rows * weights[:, None]).sum() / valid.sum()
+    got = make(ignore_class=-100)(labels, logits, sample_weight=weights)
+    np.testing.assert_allclose(to_numpy(got), expected, rtol=2e-5)
+    total = make(ignore_class=-100, reduction="sum")(labels, logits, sample_weight=weights)
+    np.testing.assert_allclose(
+        to_numpy(total), (expected_rows * weights[:, None]).sum(), rtol=2e-5
+    )
+
+
+def test_ignore_class_mean_matches_keras_sparse_cross_entropy():
+    labels, logits = random_case((5, 8), 7, ignore_class=-1, seed=11)
+    ours = kas.ASSoftmaxLoss(delta=1.0, ignore_class=-1)(labels, logits)
+    theirs = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)(
+        labels, logits
+    )
+    np.testing.assert_allclose(to_numpy(ours), to_numpy(theirs), rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(16,), (4, 12)])
+def test_delta_one_equals_keras_cross_entropy(shape):
+    labels, logits = random_case(shape, 11, scale=5.0, seed=7)
+    ours = kas.ASSoftmaxLoss(delta=1.0, reduction=None)(labels, logits)
+    theirs = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)(
+        labels, logits
+    )
+    np.testing.assert_allclose(to_numpy(ours), to_numpy(theirs), rtol=1e-5, atol=1e-6)
+    weights = np.linspace(0.5, 2.0, shape[0]).astype("float32")
+    ours = kas.ASSoftmaxLoss(delta=1.0)(labels, logits, sample_weight=weights)
+    # Keras wants the weights broadcast to the label shape; ours take [batch].
+    theirs = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
+        labels, logits, sample_weight=np.broadcast_to(weights.reshape((-1,) + (1,) * (len(shape) - 1)), shape)
+    )
+    np.testing.assert_allclose(to_numpy(ours), to_numpy(theirs), rtol=1e-5)
+
+
+def test_probabilities_and_one_hot_labels():
+    labels, logits = random_case((10,), 6, seed=5)
+    expected = reference.as_softmax(labels, logits, 0.2)
+    probs = to_numpy(ops.softmax(logits))
+    onehot = np.eye(6, dtype="float32")[labels]
+    for loss, y, x in [
+        (kas.ASSoftmaxLoss(0.2, reduction=None, from_logits=False), labels, probs),
+        (kas.ASSoftmaxLoss(0.2, reduction=None, label_mode="categorical"), onehot, logits),
+        (kas.ASSoftmaxLoss(0.2, reduction=None), labels[:, None], logits),
+    ]:
+        np.testing.assert_allclose(to_numpy(loss(y, x)), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_easy_rows_have_exactly_zero_loss_and_gradient():
+    logits = np.array(
+        [[9.0, 0.0, 1.0, -2.0], [0.0, 6.0, 0.0, 0.0], [1.0, 1.1, 0.9, 0.0]], "float64"
+    )
+    labels = np.array([0, 1, 1])
+    values, grad = value_and_grad(
+        lambda x: kas.as_softmax_cross_entropy(labels, x, delta=0.3), logits
+    )
+    assert values[0] == 0.0 and values[1] == 0.0 and values[2] > 0.0
+    assert np.all(grad[:2] == 0.0)
+    assert np.any(grad[2] != 0.0)
+
+
+def test_multilabel_masked_row_is_exactly_zero():
+    y = np.array([[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    logits = np.array([[8.0, -9.0, 8.0, -9.0], [0.5, 0.0, -1.0, 0.2]], "float64")
+    values, grad = value_and_grad(
+        lambda x: kas.multilabel_as_softmax_cross_entropy(y, x, delta=0.3), logits
+    )
+    assert values[0] == 0.0 and np.all(grad[0] == 0.0)
+    # No positives: nothing may be dropped, so the unmasked loss applies.
+    np.testing.assert_allclose(values[1], reference.multilabel(y, logits)[1])
+
+
+@pytest.mark.parametrize("delta", [0.0, 0.1, 0.3, 1.0])
+def test_gradient_matches_analytic_and_finite_differences(delta):
+    labels, logits = random_case((6,), 7, scale=2.0, seed=int(delta * 10))
+    logits = logits.astype("float64")
+    values, grad = value_and_grad(
+        lambda x: kas.as_softmax_cross_entropy(labels, x, delta=delta), logits
+    )
+    assert values.dtype == np.float64
+    np.testing.assert_allclose(
+        grad, reference.as_softmax_grad(labels, logits, delta), rtol=1e-9, atol=1e-12
+    )
+    eps = 1e-6
+    numeric = np.zeros_like(logits)
+    for idx in np.ndindex(logits.shape):
+        up, down = logits.copy(), logits.copy()
+        up[idx] += eps
+        down[idx] -= eps
+        numeric[idx] = (
+            reference.as_softmax(labels, up, delta).sum()
+            - reference.as_softmax(labels, down, delta).sum()
+        ) / (2 * eps)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7)
+
+
+FD_FUNCTIONS = {
+    "multilabel_as": (
+        lambda y, x: kas.multilabel_as_softmax_cross_entropy(y, x, delta=0.05),
+        lambda y, x: reference.multilabel(y, x, 0.05),
+        "multi_hot",
+    ),
+    "multilabel": (
+        kas.multilabel_categorical_crossentropy,
+        lambda y, x: reference.multilabel(y, x),
+        "multi_hot",
+    ),
+    "sparse_softmax": (
+        lambda y, x: kas.sparse_softmax_cross_entropy(y, x, k=3),
+        lambda y, x: reference.sparse_softmax(y, x, 3),
+        "int",
+    ),
+    "am_softmax": (
+        lambda y, x: kas.am_softmax_cross_entropy(y, x, scale=3.0, margin=0.2),
+        lambda y, x: reference.am_softmax(y, x, 3.0, 0.2),
+        "int",
+    ),
+    "sparsemax": (kas.sparsemax_loss, reference.sparsemax_loss, "int"),
+    "entmax15": (kas.entmax15_loss, reference.entmax15_loss, "int"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FD_FUNCTIONS))
+def test_other_losses_finite_difference_gradients(name):
+    fn, ref, kind = FD_FUNCTIONS[name]
+    rng = np.random.default_rng(21)
+    logits = 2.0 * rng.standard_normal((5, 6))
+    if kind == "int":
+        y = rng.integers(0, 6, size=(5,))
+    else:
+        y = (rng.random((5, 6)) < 0.3).astype("float64")
+    values, grad = value_and_grad(lambda x: fn(y, x), logits)
+    np.testing.assert_allclose(values, ref(y, logits), rtol=1e-7, atol=1e-9)
+    eps = 1e-6
+    numeric = np.zeros_like(logits)
+    for idx in np.ndindex(logits.shape):
+        up, down = logits.copy(), logits.copy()
+        up[idx] += eps
+        down[idx] -= eps
+        numeric[idx] = (ref(y, up).sum() - ref(y, down).sum()) / (2 * eps)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape,num_classes", [((6,), 5), ((3, 4), 4)])
+@pytest.mark.parametrize("delta", [0.0, 0.05, 0.5])
+def test_multilabel_matches_numpy_reference(shape, num_classes, delta):
+    rng = np.random.default_rng(num_classes)
+    logits = (3 * rng.standard_normal(shape + (num_classes,))).astype("float32")
+    y = (rng.random(shape + (num_classes,)) < 0.4).astype("float32")
+    y.reshape(-1, num_classes)[0] = 0.0  # a row without positives
+    y.reshape(-1, num_classes)[1] = 1.0  # a row without negatives
+    got = kas.MultiLabelASSoftmaxLoss(delta, reduction=None)(y, logits)
+    np.testing.assert_allclose(
+        to_numpy(got), reference.multilabel(y, logits, delta), rtol=2e-5, atol=2e-5
+    )
+    got = kas.MultiLabelCategoricalCrossentropy(reduction=None)(y, logits)
+    np.testing.assert_allclose(
+        to_numpy(got), reference.multilabel(y, logits), rtol=2e-5, atol=2e-5
+    )
+
+
+def test_multilabel_is_stable_for_huge_logits():
+    y = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]], "float32")
+    logits = np.array([[-500.0, 300.0, 1e4], [1e4, -1e4, 200.0]], "float32")
+    values, grad = value_and_grad(
+        lambda x: kas.multilabel_as_softmax_cross_entropy(y, x, 0.05), logits
+    )
+    np.testing.assert_allclose(values, [1e4 + 500.0, 1e4 + 1e4], rtol=1e-6)
+    assert np.all(np.isfinite(grad))
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        kas.ASSoftmaxLoss(0.3, ignore_class=-1),
+        kas.SparseSoftmaxLoss(k=3),
+        kas.SparsemaxLoss(),
+        kas.Entmax15Loss(),
+    ],
+    ids=lambda loss: loss.name,
+)
+def test_compiled_equals_eager(loss):
+    labels, logits = random_case((8, 5), 12, ignore_class=-1, seed=2)
+    labels = np.where(labels == -1, 0, labels) if loss.ignore_class is None else labels
+    jit = compiled(lambda y, x: loss(y, x))
+    if jit is None:
+        pytest.skip(f"no XLA compilation on the {BACKEND} backend")
+    np.testing.assert_allclose(
+        to_numpy(jit(labels, logits)), to_numpy(loss(labels, logits)), rtol=1e-6
+    )
+
+
+def test_delta_variable_changes_compiled_value_on_tensorflow():
+    if BACKEND != "tensorflow":
+        pytest.skip("JAX and torch are covered by the DeltaWarmup training test")
+    loss = kas.ASSoftmaxLoss(delta=1.0, reduction=None)
+    labels, logits = random_case((32,), 4, scale=4.0, seed=9)
+    jit = compiled(lambda y, x: loss(y, x))
+    before = to_numpy(jit(labels, logits))
+    loss.delta.assign(0.1)
+    after = to_numpy(jit(labels, logits))
+    np.testing.assert_allclose(after, reference.as_softmax(labels, logits, 0.1), rtol=1e-5)
+    assert np.sum(after == 0) > np.sum(before == 0)
+
+
+finite_or_inf = st.one_of(
+    st.floats(-1e4, 1e4, width=32),
+    st.sampled_from([-1e4, 1e4, -np.inf, 0.0]),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    logits=st.lists(st.lists(finite_or_inf, min_size=5, max_size=5), min_size=1, max_size=4),
+    dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
+    delta=st.sampled_from([0.0, 0.3, 1.0]),
+    seed=st.integers(0, 1000),
+)
+def test_extreme_logits_never_give_nan_or_inf(logits, dtype, delta, seed):
+    logits = np.array(logits, "float32")
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 5, size=len(logits))
+    # A target at -inf has an infinite cross entropy by definition; keep it finite.
+    logits[np.arange(len(logits)), labels] = np.nan_to_num(
+        logits[np.arange(len(logits)), labels], neginf=-1e4
+    )
+    x = ops.cast(logits, dtype)
+    for fn in (
+        lambda v: kas.as_softmax_cross_entropy(labels, v, delta=delta),
+        lambda v: kas.sparse_softmax_cross_entropy(labels, v, k=2),
+        lambda v: kas.multilabel_as_softmax_cross_entropy(
+            np.eye(5, dtype="float32")[labels], v, delta=delta
+        ),
+        lambda v: kas.multilabel_categorical_crossentropy(np.eye(5)[labels], v),
+    ):
+        values = to_numpy(fn(x))
+        assert values.dtype == np.float32
+        assert np.all(np.isfinite(values)) and np.all(values >= -1e-3)
+    values, grad = value_and_grad(
+        lambda v: kas.as_softmax_cross_entropy(labels, v, delta=delta), logits
+    )
+    assert np.all(np.isfinite(values)) and np.all(np.isfinite(grad))
+
+
+def test_half_precision_logits_compute_in_float32():
+    labels, logits = random_case((16,), 3000, seed=4)
+    for dtype in ("float16", "bfloat16"):
+        x = ops.cast(logits, dtype)
+        got = to_numpy(kas.ASSoftmaxLoss(0.3, reduction=None)(labels, x))
+        ref = reference.as_softmax(labels, to_numpy(ops.cast(x, "float32")), 0.3)
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_delta_and_hyperparameters():
+    for bad in (-0.1, 1.5, float("nan"), "a"):
+        with pytest.raises(ValueError, match="delta"):
+            kas.ASSoftmaxLoss(delta=bad)
+        with pytest.raises(ValueError, match="delta"):
+            kas.MultiLabelASSoftmaxLoss(delta=bad)
+    with pytest.raises(ValueError, match="k"):
+        kas.SparseSoftmaxLoss(k=0)
+    with pytest.raises(ValueError, match="label_mode"):
+        kas.ASSoftmaxLoss(label_mode="sparse")
+    with pytest.raises(ValueError, match="ignore_class"):
+        kas.ASSoftmaxLoss(label_mode="categorical", ignore_class=0)
+    with pytest.raises(ValueError, match="temperature"):
+        kas.TemperatureSoftmaxLoss(temperature=0.0)
+    labels, logits = random_case((4,), 5)
+    for fn in (kas.sparsemax_loss, kas.entmax15_loss):
+        with pytest.raises(ValueError, match="from_logits"):
+            fn(labels, logits, from_logits=False)
+
+
+def test_k_larger_than_classes():
+    labels, logits = random_case((4,), 5)
+    with pytest.raises(ValueError, match=r"k.*<=.*\(5\).*k=9"):
+        kas.SparseSoftmaxLoss(k=9)(labels, logits)
+
+
+def test_shape_mismatch_names_both_shapes():
+    labels, logits = random_case((4, 3), 5)
+    with pytest.raises(ValueError, match=r"y_true.shape=\(4,\).*y_pred.shape=\(4, 3, 5\)"):
+        kas.ASSoftmaxLoss()(labels[:, 0], logits)
+    with pytest.raises(ValueError, match="one-hot"):
+        kas.ASSoftmaxLoss(label_mode="categorical")(np.eye(4)[[0, 1, 2, 3]], logits[:, 0])
+    with pytest.raises(ValueError, match="multi-hot"):
+        kas.MultiLabelASSoftmaxLoss()(np.ones((4, 4)), logits[:, 0])
+
+
+def test_labels_out_of_range_are_reported_eagerly():
+    labels, logits = random_case((4,), 5)
+    labels[2] = 5
+    with pytest.raises(ValueError, match=r"\[0, 4\].*\[5\]"):
+        kas.ASSoftmaxLoss()(labels, logits)
+    labels[2] = -3
+    with pytest.raises(ValueError, match="ignore_class=-100"):
+        kas.ASSoftmaxLoss(ignore_class=-100)(labels, logits)
+
+
+def test_half_precision_labels_with_many_classes_are_refused():
+    labels, logits = random_case((4,), 3000)
+    with pytest.raises(ValueError, match="float16"):
+        kas.ASSoftmaxLoss(dtype="float16")(labels, logits)
+
+
+# ------------------------------------------------------------ serialization
+
+ALL_LOSSES = [
+    kas.ASSoftmaxLoss(delta=0.2, ignore_class=-1, reduction="sum", name="as"),
+    kas.MultiLabelASSoftmaxLoss(delta=0.1),
+    kas.MultiLabelCategoricalCrossentropy(),
+    kas.SparseSoftmaxLoss(k=4, label_mode="categorical"),
+    kas.AMSoftmaxLoss(scale=8.0, margin=0.35),
+    kas.TemperatureSoftmaxLoss(temperature=0.5, from_logits=False),
+    kas.SparsemaxLoss(ignore_class=-1),
+    kas.Entmax15Loss(),
+]
+
+
+@pytest.mark.parametrize("loss", ALL_LOSSES, ids=lambda loss: type(loss).__name__)
+def test_config_round_trip(loss):
+    config = loss.get_config()
+    json.dumps(config)
+    clone = type(loss).from_config(config)
+    assert clone.get_config() == config
+    restored = keras.losses.deserialize(keras.losses.serialize(loss))
+    assert type(restored) is type(loss) and restored.get_config() == config
+
+
+def test_masked_ratio_metric_counts_only_counted_rows():
+    loss = kas.ASSoftmaxLoss(0.3, ignore_class=-1)
+    metric = kas.MaskedRatio(loss)
+    labels = np.array([[0, 1, -1], [1, -1, -1]])
+    logits = np.zeros((2, 3, 2), "float32")
+    logits[0, 0, 0] = 9.0  # masked
+    logits[0, 1, 0] = 9.0  # wrong and confident: not masked
+    logits[1, 0, 1] = 9.0  # masked, but its sample has weight 0
+    logits[:, 2] = [9.0, 0.0]  # ignored positions, all "easy"
+    metric.update_state(labels, logits, sample_weight=np.array([1.0, 0.0]))
+    assert float(metric.result()) == 0.5
+    loss.delta.assign(0.0)
+    metric.reset_state()
+    metric.update_state(labels, logits)
+    assert float(metric.result()) == pytest.approx(2 / 3)
+    clone = kas.MaskedRatio.from_config(metric.get_config())
+    assert clone.loss.ignore_class == -1
+
+
+def _tiny_model(num_classes=4):
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(hidden))
+
+
+def test_keras_file_round_trip_in_fresh_process(tmp_path):
+    loss = kas.ASSoftmaxLoss(delta=0.25, ignore_class=-1)
+    model = _tiny_model()
+    model.compile(optimizer="adam", loss=loss, metrics=[kas.MaskedRatio(loss)])
+    x = np.random.default_rng(0).standard_normal((32, 6)).astype("float32")
+    y = np.random.default_rng(0).integers(0, 4, size=(32,))
+    model.fit(x, y, epochs=1, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    expected = model.evaluate(x, y, verbose=0, return_dict=True)
+
+    loaded = keras.saving.load_model(path)
+    assert loaded.loss.get_config() == loss.get_config()
+    got = loaded.evaluate(x, y, verbose=0, return_dict=True)
+    np.testing.assert_allclose(got["loss"], expected["loss"], rtol=1e-5)
+
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    script = f"""
+import json, numpy as np, keras
+import keras_as_softmax  # registers the classes
+m = keras.saving.load_model({path!r})
+x, y = np.load({str(tmp_path / 'x.npy')!r}), np.load({str(tmp_path / 'y.npy')!r})
+r = m.evaluate(x, y, verbose=0, return_dict=True)
+print(json.dumps({{"loss": r["loss"], "delta": m.loss.get_config()["delta"],
+                  "cls": type(m.loss).__name__}}))
+"""
+    env = dict(os.environ, KERAS_BACKEND=BACKEND)
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["cls"] == "ASSoftmaxLoss"
+    assert result["delta"] == pytest.approx(0.25)
+    np.testing.assert_allclose(result["loss"], expected["loss"], rtol=1e-5)
