@@ -146,7 +146,7 @@ def sparsemax(logits):
     z = logits - ops.max(logits, axis=-1, keepdims=True)
     z_sorted = _sorted_desc(z)
     rank = ops.arange(1, ops.shape(z)[-1] + 1, dtype=z.dtype)
-    cumsum = ops.cumsum(z_sorted, axis=-1)
+    cumsum = ops.cumsum(z_sorted, axis=-1, dtype=z.dtype)
     support = ops.greater(1.0 + rank * z_sorted, cumsum)
     size = ops.sum(ops.cast(support, "int32"), axis=-1, keepdims=True)
     tau = (_gather_last(cumsum, size - 1) - 1.0) / ops.cast(
@@ -164,8 +164,8 @@ def entmax15(logits):
     z = (logits - ops.max(logits, axis=-1, keepdims=True)) / 2.0
     z_sorted = _sorted_desc(z)
     rank = ops.arange(1, ops.shape(z)[-1] + 1, dtype=z.dtype)
-    mean = ops.cumsum(z_sorted, axis=-1) / rank
-    mean_sq = ops.cumsum(ops.square(z_sorted), axis=-1) / rank
+    mean = ops.cumsum(z_sorted, axis=-1, dtype=z.dtype) / rank
+    mean_sq = ops.cumsum(ops.square(z_sorted), axis=-1, dtype=z.dtype) / rank
     spread = rank * (mean_sq - ops.square(mean))
     tau_all = mean - ops.sqrt(ops.maximum((1.0 - spread) / rank, 0.0))
     size = ops.sum(
