@@ -1,5 +1,6 @@
 """Adaptive Sparse Softmax (AS-Softmax) and AS-Speed for Keras 3."""
 
+from keras_as_softmax.as_speed import ASSpeed
 from keras_as_softmax.callbacks import DeltaWarmup
 from keras_as_softmax.losses import AMSoftmaxLoss
 from keras_as_softmax.losses import ASSoftmaxLoss

@@ -92,7 +92,10 @@ class MaskedRatio(keras.metrics.Metric):
         self.counted = self.add_variable(shape=(), initializer="zeros", name="counted")
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        masked, counted = count_masked_rows(self.loss, y_true, y_pred, sample_weight)
+        self.update_counts(*count_masked_rows(self.loss, y_true, y_pred, sample_weight))
+
+    def update_counts(self, masked, counted):
+        """Adds rows counted elsewhere (as `keras_as_softmax.ASSpeed` does)."""
         self.masked.assign_add(ops.cast(masked, self.dtype))
         self.counted.assign_add(ops.cast(counted, self.dtype))
 

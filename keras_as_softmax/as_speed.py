@@ -1,0 +1,288 @@
+"""AS-Speed: adaptive gradient accumulation driven by AS-Softmax's masked rows."""
+
+import keras
+from keras import ops
+
+from keras_as_softmax.metrics import MaskedRatio
+
+SUPPORTED_BACKENDS = ("tensorflow", "jax")
+
+
+def next_accumulation_steps(steps, n_all, n_masked, lam, max_steps):
+    """The AS-Speed rule (paper eq. 19 with its three restrictions).
+
+    ```
+    proposal = round(lam * N_all / (N_all - N_masked)), at least 1
+    steps'   = steps + 1 if proposal > steps and steps < max_steps else steps
+    ```
+
+    The number of accumulated micro-batches never decreases, grows by at most
+    one per optimizer update and never exceeds `max_steps`. A window with no
+    counted rows keeps the current value; a window with every row masked
+    proposes growth.
+
+    Args:
+        steps: int32 scalar, the current number of steps.
+        n_all: float scalar, counted rows in the last window.
+        n_masked: float scalar, masked rows among them.
+        lam: the paper's lambda.
+        max_steps: the cap `s`.
+
+    Returns:
+        int32 scalar, the next number of steps.
+    """
+    n_all = ops.cast(n_all, "float32")
+    n_masked = ops.cast(n_masked, "float32")
+    unmasked = n_all - n_masked
+    ratio = ops.where(unmasked > 0, n_all / ops.maximum(unmasked, 1.0), float(max_steps + 1))
+    proposal = ops.floor(lam * ratio + 0.5)
+    grow = ops.logical_and(
+        ops.logical_and(proposal > ops.cast(steps, "float32"), n_all > 0),
+        steps < max_steps,
+    )
+    return ops.where(grow, steps + 1, steps)
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class ASSpeed(keras.Model):
+    """Wraps a model so that `fit` accumulates more micro-batches per update
+    as AS-Softmax masks more samples (AS-Speed, paper section 3.3).
+
+    Each batch that `fit` draws is a micro-batch: its gradient is added to an
+    accumulator, and its counted rows (`N_all`: samples, or tokens that are
+    not `ignore_class`, with nonzero sample weight) and masked rows
+    (`N_masked`: loss exactly 0) are added to the window's counts. When the
+    window holds `accumulation_steps` micro-batches the optimizer applies
+    their *mean* gradient, so an update has the scale of one softmax batch,
+    and the number of steps is re-estimated with
+    `keras_as_softmax.as_speed.next_accumulation_steps` (eq. 19: never
+    decreasing, growing by at most one, capped at `max_steps`). On other
+    micro-batches the optimizer does not run at all (a compiled conditional:
+    XLA executes only the taken branch), which is where the time goes:
+    learning-rate schedules and Adam's bias correction count updates
+    (`optimizer.iterations`), not micro-batches.
+
+    The wrapper predicts, evaluates and saves like the model it wraps; its
+    counters and gradient accumulators are non-trainable weights, so they
+    are saved in `.keras` files and restored by
+    `keras.callbacks.BackupAndRestore`. A keras-hub task (for instance
+    `keras_hub.models.BertTextClassifier`) keeps its preprocessor: `fit`,
+    `evaluate` and `predict` apply it to raw inputs as the task would.
+
+    Layers with training-time state, such as `BatchNormalization`, update
+    that state on every micro-batch, with the micro-batch's statistics (as
+    in Keras's and PyTorch's fixed gradient accumulation): the moving
+    statistics see every sample once, and batch statistics are those of
+    the batch `fit` draws.
+
+    `fit`'s logs show `masked_ratio` (masked / counted rows since the epoch
+    began) and `accum_steps` (the current number of steps).
+
+    Supported backends: TensorFlow (eagerly, as a graph, or with
+    `jit_compile=True`; also under `tf.distribute.MirroredStrategy`) and JAX.
+
+    Args:
+        model: the `keras.Model` to train.
+        lam: the paper's lambda (> 0): the steps follow
+            `lam * N_all / (N_all - N_masked)`. Defaults to `0.5`.
+        max_steps: the cap `s` on accumulated micro-batches (int >= 1).
+            Defaults to `4`.
+        **kwargs: passed to `keras.Model` (e.g. `name`).
+
+    Example:
+
+    ```python
+    model = keras_as_softmax.ASSpeed(base_model, lam=0.5, max_steps=5)
+    model.compile(optimizer="adamw",
+                  loss=keras_as_softmax.ASSoftmaxLoss(0.3),
+                  metrics=["accuracy"], jit_compile=True)
+    model.fit(train_ds, validation_data=val_ds, epochs=5)
+    model.accumulation_steps  # e.g. 3
+    ```
+
+    Reference:
+        Lv et al., "Adaptive Sparse Softmax: An Effective and Efficient
+        Softmax Variant" (section 3.3, eq. 19; Table 6 for lambda and s).
+    """
+
+    def __init__(self, model, lam=0.5, max_steps=4, **kwargs):
+        backend = keras.backend.backend()
+        if backend not in SUPPORTED_BACKENDS:
+            raise ValueError(
+                f"ASSpeed supports the {' and '.join(SUPPORTED_BACKENDS)} "
+                f"backends. Received: the {backend!r} backend. Use "
+                "keras_as_softmax.ASSoftmaxLoss alone on this backend, or set "
+                "KERAS_BACKEND=tensorflow."
+            )
+        if not isinstance(model, keras.Model):
+            raise ValueError(
+                "Expected `model` to be a keras.Model (functional, sequential, "
+                f"subclassed or a keras-hub task). Received: model={model!r}"
+            )
+        if isinstance(model, ASSpeed):
+            raise ValueError("Expected an unwrapped model. Received: an ASSpeed model.")
+        if not float(lam) > 0:
+            raise ValueError(f"Expected `lam` > 0. Received: lam={lam!r}")
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(
+                f"Expected `max_steps` to be an int >= 1. Received: max_steps={max_steps!r}"
+            )
+        super().__init__(**kwargs)
+        self.inner_model = model
+        self.lam = float(lam)
+        self.max_steps = max_steps
+        self.masked_ratio_tracker = MaskedRatio(name="masked_ratio")
+        if model.built:
+            self._create_state()
+            self.built = True
+
+    # ------------------------------------------------------------- structure
+
+    def build(self, input_shape=None):
+        if not self.inner_model.built:
+            self.inner_model.build(input_shape)
+        self._create_state()
+        self.built = True
+
+    def _create_state(self):
+        if getattr(self, "_state_created", False):
+            return
+        if not self.inner_model.trainable_variables:
+            raise ValueError(
+                "ASSpeed needs a model with trainable weights. Received a "
+                f"model with none: {self.inner_model.name!r}"
+            )
+
+        def counter(name, dtype):
+            return self.add_weight(
+                shape=(), dtype=dtype, initializer="zeros", trainable=False, name=name
+            )
+
+        self._accum_steps = self.add_weight(
+            shape=(), dtype="int32", initializer="ones", trainable=False, name="accum_steps"
+        )
+        self._window_batches = counter("window_batches", "int32")
+        self._window_all = counter("window_rows", "float32")
+        self._window_masked = counter("window_masked_rows", "float32")
+        self._accumulators = [
+            self.add_weight(
+                shape=v.shape,
+                dtype=v.dtype,
+                initializer="zeros",
+                trainable=False,
+                name=f"grad_accumulator_{i}",
+            )
+            for i, v in enumerate(self.inner_model.trainable_variables)
+        ]
+        self._state_created = True
+
+    def call(self, inputs, training=None):
+        return self.inner_model(inputs, training=training)
+
+    @property
+    def accumulation_steps(self):
+        """The current number of micro-batches per optimizer update (int)."""
+        return int(ops.convert_to_numpy(self._accum_steps))
+
+    @accumulation_steps.setter
+    def accumulation_steps(self, value):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= self.max_steps:
+            raise ValueError(
+                f"Expected `accumulation_steps` to be an int in [1, {self.max_steps}] "
+                f"(max_steps). Received: {value!r}"
+            )
+        self._accum_steps.assign(value)
+
+    @property
+    def preprocessor(self):
+        """The wrapped keras-hub task's preprocessor, or `None`."""
+        return getattr(self.inner_model, "preprocessor", None)
+
+    def compile(self, optimizer="rmsprop", loss=None, **kwargs):
+        if not isinstance(loss, keras.losses.Loss):
+            raise ValueError(
+                "ASSpeed counts masked rows with the loss's per-row values, so "
+                "it needs one keras.losses.Loss instance, such as "
+                "keras_as_softmax.ASSoftmaxLoss(0.3). "
+                f"Received: loss={loss!r}"
+            )
+        super().compile(optimizer=optimizer, loss=loss, **kwargs)
+        self.masked_ratio_tracker.loss = loss
+
+    # ------------------------------------------------------------- training
+
+    def train_step(self, *args):
+        if keras.backend.backend() == "jax":
+            from keras_as_softmax import _as_speed_jax
+
+            return _as_speed_jax.train_step(self, *args)
+        from keras_as_softmax import _as_speed_tensorflow
+
+        return _as_speed_tensorflow.train_step(self, *args)
+
+    # ------------------------------------------------------ keras-hub inputs
+
+    def _with_preprocessor(self, x, y, sample_weight, batch_size):
+        preprocessor = self.preprocessor
+        if preprocessor is None or x is None:
+            return x, y, sample_weight
+        import tensorflow as tf
+
+        if not isinstance(x, tf.data.Dataset):
+            data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+            x = tf.data.Dataset.from_tensor_slices(data).batch(batch_size or 32)
+        x = x.map(preprocessor, num_parallel_calls=tf.data.AUTOTUNE)
+        return x.prefetch(tf.data.AUTOTUNE), None, None
+
+    def fit(self, x=None, y=None, batch_size=None, sample_weight=None, validation_data=None, **kwargs):
+        x, y, sample_weight = self._with_preprocessor(x, y, sample_weight, batch_size)
+        if validation_data is not None and self.preprocessor is not None:
+            validation_data = self._with_preprocessor(
+                *keras.utils.unpack_x_y_sample_weight(validation_data)
+                if isinstance(validation_data, tuple)
+                else (validation_data, None, None),
+                batch_size,
+            )[0]
+        if self.preprocessor is not None:
+            batch_size = None
+        return super().fit(
+            x=x,
+            y=y,
+            batch_size=batch_size,
+            sample_weight=sample_weight,
+            validation_data=validation_data,
+            **kwargs,
+        )
+
+    def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs):
+        x, y, sample_weight = self._with_preprocessor(x, y, sample_weight, batch_size)
+        if self.preprocessor is not None:
+            batch_size = None
+        return super().evaluate(
+            x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, **kwargs
+        )
+
+    def predict(self, x, batch_size=None, **kwargs):
+        if self.preprocessor is not None:
+            x = self._with_preprocessor(x, None, None, batch_size)[0]
+            batch_size = None
+        return super().predict(x, batch_size=batch_size, **kwargs)
+
+    # ---------------------------------------------------------- serialization
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            model=keras.saving.serialize_keras_object(self.inner_model),
+            lam=self.lam,
+            max_steps=self.max_steps,
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        config["model"] = keras.saving.deserialize_keras_object(
+            config["model"], custom_objects=custom_objects
+        )
+        return cls(**config)
