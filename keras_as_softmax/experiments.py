@@ -697,7 +697,7 @@ def run(
     if warmup_ratio > 0 and method.as_loss:
         callbacks.append(DeltaWarmup(warmup_ratio=warmup_ratio))
     train_ds = make_dataset(data.train, batch_size, shuffle_seed=seed, drop_remainder=True)
-    model.fit(train_ds, epochs=epochs, callbacks=callbacks, verbose=verbose)
+    model.fit(train_ds, epochs=epochs, callbacks=callbacks, verbose=verbose, shuffle=False)
 
     x_test, y_test = data.test
     test_logits = _predict(model, x_test, eval_batch_size)
