@@ -34,7 +34,7 @@ def next_accumulation_steps(steps, n_all, n_masked, lam, max_steps):
     n_all = ops.cast(n_all, "float32")
     n_masked = ops.cast(n_masked, "float32")
     unmasked = n_all - n_masked
-    ratio = ops.where(unmasked > 0, n_all / ops.maximum(unmasked, 1.0), float(max_steps + 1))
+    ratio = ops.where(unmasked > 0, n_all / ops.maximum(unmasked, 1.0), 1e9)
     proposal = ops.floor(lam * ratio + 0.5)
     grow = ops.logical_and(
         ops.logical_and(proposal > ops.cast(steps, "float32"), n_all > 0),
@@ -139,8 +139,9 @@ class ASSpeed(keras.Model):
     # ------------------------------------------------------------- structure
 
     def build(self, input_shape=None):
-        if not self.inner_model.built:
-            self.inner_model.build(input_shape)
+        if not self.inner_model.trainable_variables and input_shape is not None:
+            # A subclassed model creates its weights on its first call.
+            self.inner_model(keras.tree.map_shape_structure(keras.KerasTensor, input_shape))
         self._create_state()
         self.built = True
 
@@ -198,20 +199,17 @@ class ASSpeed(keras.Model):
         """The wrapped keras-hub task's preprocessor, or `None`."""
         return getattr(self.inner_model, "preprocessor", None)
 
-    def compile(self, optimizer="rmsprop", loss=None, **kwargs):
-        if not isinstance(loss, keras.losses.Loss):
-            raise ValueError(
-                "ASSpeed counts masked rows with the loss's per-row values, so "
-                "it needs one keras.losses.Loss instance, such as "
-                "keras_as_softmax.ASSoftmaxLoss(0.3). "
-                f"Received: loss={loss!r}"
-            )
-        super().compile(optimizer=optimizer, loss=loss, **kwargs)
-        self.masked_ratio_tracker.loss = loss
-
     # ------------------------------------------------------------- training
 
     def train_step(self, *args):
+        # Runs once per trace, not per step.
+        if not isinstance(self.loss, keras.losses.Loss):
+            raise ValueError(
+                "ASSpeed counts masked rows with the loss's per-row values, so "
+                "compile it with one keras.losses.Loss instance, such as "
+                "keras_as_softmax.ASSoftmaxLoss(0.3). "
+                f"Received: loss={self.loss!r}"
+            )
         if keras.backend.backend() == "jax":
             from keras_as_softmax import _as_speed_jax
 
