@@ -12,7 +12,7 @@ plots to `--output-dir`:
 Usage:
 
 ```
-python examples/demo.py                 # ~10 minutes on 2 CPU cores
+python examples/demo.py                 # ~9 minutes on 2 idle CPU cores
 python examples/demo.py --quick         # smoke test, about a minute
 python examples/demo.py --source clinc_oos   # needs tensorflow-datasets + network
 ```
@@ -31,9 +31,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (CI)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per method (default 2)")
-    parser.add_argument("--train-size", type=int, default=None, help="training sentences (default 1536)")
-    parser.add_argument("--eval-size", type=int, default=None, help="validation and test sentences (default 400)")
-    parser.add_argument("--sequence-length", type=int, default=None, help="tokens per sentence (default 40)")
+    parser.add_argument("--train-size", type=int, default=None, help="training sentences (default 1024)")
+    parser.add_argument("--eval-size", type=int, default=None, help="validation and test sentences (default 300)")
+    parser.add_argument("--sequence-length", type=int, default=None, help="tokens per sentence (default 32)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
@@ -43,8 +43,8 @@ def parse_args(argv=None):
     parser.add_argument("--output-dir", default="demo_outputs")
     args = parser.parse_args(argv)
     quick = args.quick
-    defaults = dict(epochs=1 if quick else 2, train_size=64 if quick else 1536,
-                    eval_size=32 if quick else 400, sequence_length=24 if quick else 40)
+    defaults = dict(epochs=1 if quick else 2, train_size=64 if quick else 1024,
+                    eval_size=32 if quick else 300, sequence_length=24 if quick else 32)
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -76,7 +76,7 @@ def main(argv=None):
         result = experiments.run(
             method, prepared, backbone, seed=args.seed, epochs=args.epochs,
             batch_size=args.batch_size, learning_rate=args.learning_rate,
-            evals_per_epoch=1 if args.quick else 4, verbose=1,
+            evals_per_epoch=1 if args.quick else 3, verbose=1,
         )
         results.append(result)
         extra = f", accumulation steps {result.accum_steps[-1]}" if result.accum_steps else ""
