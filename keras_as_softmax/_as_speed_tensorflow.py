@@ -1,4 +1,4 @@
-"""ASSpeed's train step on TensorFlow (eager, graph, XLA, tf.distribute)."""
+"""ASSpeed's train step on TensorFlow (eager, graph or XLA)."""
 
 import keras
 import tensorflow as tf
@@ -13,25 +13,27 @@ def _batch_size(x):
 
 
 def train_step(model, data):
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     strategy = tf.distribute.get_strategy()
+    if strategy.num_replicas_in_sync > 1:
+        # The optimizer's cross-replica merge cannot sit inside the window's
+        # conditional; see the README's "not yet supported" list.
+        raise ValueError(
+            "ASSpeed does not support tf.distribute with more than one replica "
+            f"yet. Received: {type(strategy).__name__} with "
+            f"{strategy.num_replicas_in_sync} replicas. Train on one device."
+        )
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
         loss = model.compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
         )
-        model._loss_tracker.update_state(
-            loss * strategy.num_replicas_in_sync, sample_weight=_batch_size(x)
-        )
+        model._loss_tracker.update_state(loss, sample_weight=_batch_size(x))
         scaled_loss = model.optimizer.scale_loss(loss)
     variables = model.trainable_variables
     grads = tape.gradient(scaled_loss, variables)
 
     masked, counted = count_masked_rows(model.loss, y, y_pred, sample_weight)
-    context = tf.distribute.get_replica_context()
-    if context is not None and context.num_replicas_in_sync > 1:
-        # Every replica must see the same counts to take the same decisions.
-        masked, counted = context.all_reduce("sum", [masked, counted])
     model.masked_ratio_tracker.update_counts(masked, counted)
 
     for accumulator, grad in zip(model._accumulators, grads):

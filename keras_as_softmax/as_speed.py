@@ -79,7 +79,8 @@ class ASSpeed(keras.Model):
     began) and `accum_steps` (the current number of steps).
 
     Supported backends: TensorFlow (eagerly, as a graph, or with
-    `jit_compile=True`; also under `tf.distribute.MirroredStrategy`) and JAX.
+    `jit_compile=True`, on one device) and JAX. A `tf.distribute` strategy
+    with several replicas is refused with a `ValueError` at the first step.
 
     Args:
         model: the `keras.Model` to train.

@@ -384,3 +384,35 @@ def test_delta_warmup_switches_inside_compiled_training():
     assert ratios[:8] == [0.0] * 8
     assert ratios[-1] > 0.0
     assert float(ops.convert_to_numpy(loss.delta)) == pytest.approx(0.3)
+
+
+MIRRORED_SCRIPT = """
+import os
+os.environ["KERAS_BACKEND"] = "tensorflow"
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import numpy as np, keras, keras_as_softmax as kas
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    inputs = keras.Input((6,))
+    model = kas.ASSpeed(keras.Model(inputs, keras.layers.Dense(4)(inputs)))
+    model.compile(optimizer="adam", loss=kas.ASSoftmaxLoss(0.3))
+x = np.zeros((16, 6), "float32"); y = np.zeros(16, "int32")
+try:
+    model.fit(x, y, batch_size=8, verbose=0)
+except ValueError as error:
+    print("REFUSED:", error)
+"""
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute")
+def test_mirrored_strategy_is_refused_clearly():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", MIRRORED_SCRIPT], capture_output=True, text=True, timeout=300
+    )
+    assert "REFUSED:" in out.stdout, out.stderr[-2000:]
+    assert "MirroredStrategy with 2 replicas" in out.stdout
