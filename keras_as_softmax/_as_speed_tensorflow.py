@@ -1,4 +1,4 @@
-"""ASSpeed's train step on TensorFlow (eager, graph or XLA)."""
+"""ASSpeed's train step on TensorFlow (eager, graph, XLA or tf.distribute)."""
 
 import keras
 import tensorflow as tf
@@ -13,38 +13,39 @@ def _batch_size(x):
 
 
 def train_step(model, data):
-    strategy = tf.distribute.get_strategy()
-    if strategy.num_replicas_in_sync > 1:
-        # The optimizer's cross-replica merge cannot sit inside the window's
-        # conditional; see the README's "not yet supported" list.
-        raise ValueError(
-            "ASSpeed does not support tf.distribute with more than one replica "
-            f"yet. Received: {type(strategy).__name__} with "
-            f"{strategy.num_replicas_in_sync} replicas. Train on one device."
-        )
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
+        # Divided by the number of replicas, like every Keras loss.
         loss = model.compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
         )
-        model._loss_tracker.update_state(loss, sample_weight=_batch_size(x))
+        model._loss_tracker.update_state(loss * replicas, sample_weight=_batch_size(x))
         scaled_loss = model.optimizer.scale_loss(loss)
     variables = model.trainable_variables
     grads = tape.gradient(scaled_loss, variables)
-
+    grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
     masked, counted = count_masked_rows(model.loss, y, y_pred, sample_weight)
+
+    context = tf.distribute.get_replica_context()
+    if replicas > 1:
+        # Every replica accumulates the same all-reduced values (the state
+        # variables aggregate "only_first_replica"), so all of them take the
+        # same decisions at the same micro-batch.
+        grads = context.all_reduce("sum", grads)
+        masked, counted = context.all_reduce("sum", [masked, counted])
     model.masked_ratio_tracker.update_counts(masked, counted)
 
     for accumulator, grad in zip(model._accumulators, grads):
-        if grad is not None:
-            accumulator.assign_add(tf.convert_to_tensor(grad))
+        accumulator.assign_add(grad)
     model._window_batches.assign_add(1)
     model._window_all.assign_add(counted)
     model._window_masked.assign_add(masked)
 
     def apply_window():
-        n = ops.cast(model._window_batches, "float32")
+        # The optimizer sums gradients over replicas again: pre-divide.
+        n = ops.cast(model._window_batches * replicas, "float32")
         mean_grads = [ops.cast(a / n, a.dtype) for a in model._accumulators]
         model.optimizer.apply(mean_grads, variables)
         model._accum_steps.assign(
@@ -61,13 +62,24 @@ def train_step(model, data):
         model._window_batches.assign(0)
         model._window_all.assign(0.0)
         model._window_masked.assign(0.0)
-        return tf.constant(True)
 
-    tf.cond(
-        model._window_batches >= model._accum_steps,
-        apply_window,
-        lambda: tf.constant(False),
-    )
+    window_done = model._window_batches >= model._accum_steps
+    if replicas > 1:
+        # The optimizer's cross-replica merge may not sit in a conditional
+        # built in replica context: build it in cross-replica context, as
+        # keras.optimizers.LossScaleOptimizer does.
+        def cross_replica(distribution, window_done):
+            done = distribution.experimental_local_results(window_done)[0]
+            tf.cond(
+                done,
+                lambda: distribution.extended.call_for_each_replica(apply_window),
+                lambda: None,
+            )
+
+        context.merge_call(cross_replica, args=(window_done,))
+    else:
+        tf.cond(window_done, apply_window, lambda: None)
+
     logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
     logs["accum_steps"] = tf.convert_to_tensor(model._accum_steps)
     return logs

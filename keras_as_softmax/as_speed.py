@@ -79,8 +79,9 @@ class ASSpeed(keras.Model):
     began) and `accum_steps` (the current number of steps).
 
     Supported backends: TensorFlow (eagerly, as a graph, or with
-    `jit_compile=True`, on one device) and JAX. A `tf.distribute` strategy
-    with several replicas is refused with a `ValueError` at the first step.
+    `jit_compile=True`; also under `tf.distribute.MirroredStrategy`, where
+    the masked counts and gradients are all-reduced so that every replica
+    uses the same number of steps) and JAX.
 
     Args:
         model: the `keras.Model` to train.
@@ -155,25 +156,24 @@ class ASSpeed(keras.Model):
                 f"model with none: {self.inner_model.name!r}"
             )
 
-        def counter(name, dtype):
+        # Under tf.distribute every replica writes the same all-reduced
+        # values, so the first replica's write is the one kept.
+        def state(name, dtype, shape=(), initializer="zeros"):
             return self.add_weight(
-                shape=(), dtype=dtype, initializer="zeros", trainable=False, name=name
+                shape=shape,
+                dtype=dtype,
+                initializer=initializer,
+                trainable=False,
+                aggregation="only_first_replica",
+                name=name,
             )
 
-        self._accum_steps = self.add_weight(
-            shape=(), dtype="int32", initializer="ones", trainable=False, name="accum_steps"
-        )
-        self._window_batches = counter("window_batches", "int32")
-        self._window_all = counter("window_rows", "float32")
-        self._window_masked = counter("window_masked_rows", "float32")
+        self._accum_steps = state("accum_steps", "int32", initializer="ones")
+        self._window_batches = state("window_batches", "int32")
+        self._window_all = state("window_rows", "float32")
+        self._window_masked = state("window_masked_rows", "float32")
         self._accumulators = [
-            self.add_weight(
-                shape=v.shape,
-                dtype=v.dtype,
-                initializer="zeros",
-                trainable=False,
-                name=f"grad_accumulator_{i}",
-            )
+            state(f"grad_accumulator_{i}", v.dtype, shape=v.shape)
             for i, v in enumerate(self.inner_model.trainable_variables)
         ]
         self._state_created = True
