@@ -22,5 +22,7 @@ from keras_as_softmax.losses import sparsemax_loss
 from keras_as_softmax.losses import temperature_softmax_cross_entropy
 from keras_as_softmax.metrics import MaskedRatio
 from keras_as_softmax.metrics import count_masked_rows
+from keras_as_softmax.metrics import masked_rows
+from keras_as_softmax.sample_skipping import MaskedSampleSkipper
 
 __version__ = "0.1.0"

@@ -82,14 +82,6 @@ def train_step(model, state, data):
     for variable, value in updates:
         non_trainable[index[id(variable)]] = value
 
-    with keras.StatelessScope(
-        state_mapping=list(zip(model.metrics_variables, metrics_vars))
-    ) as scope:
-        model.masked_ratio_tracker.update_counts(masked, counted)
-    metrics_vars = [
-        scope.get_current_value(v) if scope.get_current_value(v) is not None else m
-        for v, m in zip(model.metrics_variables, metrics_vars)
-    ]
     logs, metrics_vars = model._update_metrics_variables(
         metrics_vars, unscaled_loss, x, y, y_pred, sample_weight
     )

@@ -5,7 +5,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_as_softmax.as_speed import next_accumulation_steps
-from keras_as_softmax.metrics import count_masked_rows
+from keras_as_softmax.metrics import masked_rows
 
 
 def _batch_size(x):
@@ -15,6 +15,10 @@ def _batch_size(x):
 def train_step(model, data):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    skipper = model.sample_skipper
+    if skipper is not None:
+        x = dict(x)
+        sample_ids = x.pop(skipper.id_key)
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
         # Divided by the number of replicas, like every Keras loss.
@@ -26,7 +30,11 @@ def train_step(model, data):
     variables = model.trainable_variables
     grads = tape.gradient(scaled_loss, variables)
     grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
-    masked, counted = count_masked_rows(model.loss, y, y_pred, sample_weight)
+    row_masked, row_counted = masked_rows(model.loss, y, y_pred, sample_weight)
+    if skipper is not None:
+        skipper.record(sample_ids, row_masked, row_counted)
+    masked = tf.reduce_sum(tf.cast(row_masked, "float32"))
+    counted = tf.reduce_sum(tf.cast(row_counted, "float32"))
 
     context = tf.distribute.get_replica_context()
     if replicas > 1:
@@ -35,7 +43,6 @@ def train_step(model, data):
         # same decisions at the same micro-batch.
         grads = context.all_reduce("sum", grads)
         masked, counted = context.all_reduce("sum", [masked, counted])
-    model.masked_ratio_tracker.update_counts(masked, counted)
 
     for accumulator, grad in zip(model._accumulators, grads):
         accumulator.assign_add(grad)

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_as_softmax.metrics import MaskedRatio
+from keras_as_softmax.metrics import count_masked_rows
 
 SUPPORTED_BACKENDS = ("tensorflow", "jax")
 
@@ -89,6 +90,10 @@ class ASSpeed(keras.Model):
             `lam * N_all / (N_all - N_masked)`. Defaults to `0.5`.
         max_steps: the cap `s` on accumulated micro-batches (int >= 1).
             Defaults to `4`.
+        sample_skipper: optional `keras_as_softmax.MaskedSampleSkipper`
+            (TensorFlow only, not saved in the config): the train step
+            records which samples were masked so that the skipper's dataset
+            leaves them out of later epochs. An extension beyond the paper.
         **kwargs: passed to `keras.Model` (e.g. `name`).
 
     Example:
@@ -107,7 +112,7 @@ class ASSpeed(keras.Model):
         Softmax Variant" (section 3.3, eq. 19; Table 6 for lambda and s).
     """
 
-    def __init__(self, model, lam=0.5, max_steps=4, **kwargs):
+    def __init__(self, model, lam=0.5, max_steps=4, sample_skipper=None, **kwargs):
         backend = keras.backend.backend()
         if backend not in SUPPORTED_BACKENDS:
             raise ValueError(
@@ -129,8 +134,14 @@ class ASSpeed(keras.Model):
             raise ValueError(
                 f"Expected `max_steps` to be an int >= 1. Received: max_steps={max_steps!r}"
             )
+        if sample_skipper is not None and backend != "tensorflow":
+            raise ValueError(
+                "`sample_skipper` needs the tensorflow backend (it filters a "
+                f"tf.data pipeline). Received: the {backend!r} backend."
+            )
         super().__init__(**kwargs)
         self.inner_model = model
+        self.sample_skipper = sample_skipper
         self.lam = float(lam)
         self.max_steps = max_steps
         self.masked_ratio_tracker = MaskedRatio(name="masked_ratio")
@@ -179,6 +190,8 @@ class ASSpeed(keras.Model):
         self._state_created = True
 
     def call(self, inputs, training=None):
+        if self.sample_skipper is not None and isinstance(inputs, dict):
+            inputs = {k: v for k, v in inputs.items() if k != self.sample_skipper.id_key}
         return self.inner_model(inputs, training=training)
 
     @property
@@ -201,6 +214,15 @@ class ASSpeed(keras.Model):
         return getattr(self.inner_model, "preprocessor", None)
 
     # ------------------------------------------------------------- training
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        # Called by train and test steps on every backend (inside JAX's
+        # stateless scope too), so `masked_ratio` is right in both.
+        if isinstance(self.loss, keras.losses.Loss):
+            self.masked_ratio_tracker.update_counts(
+                *count_masked_rows(self.loss, y, y_pred, sample_weight)
+            )
+        return super().compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def train_step(self, *args):
         # Runs once per trace, not per step.

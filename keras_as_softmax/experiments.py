@@ -50,6 +50,7 @@ from keras_as_softmax.losses import ASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelCategoricalCrossentropy
 from keras_as_softmax.metrics import MaskedRatio
+from keras_as_softmax.sample_skipping import MaskedSampleSkipper
 
 TASKS = ("multiclass", "multilabel", "tokens")
 IGNORE_CLASS = -1
@@ -65,22 +66,28 @@ class Method:
     """A training method compared by the runner.
 
     Attributes:
-        name: `"softmax"`, `"as_softmax"` or `"as_speed"`.
+        name: `"softmax"`, `"as_softmax"`, `"as_speed"` or `"as_skip"`.
         as_loss: whether it trains with the AS-Softmax loss.
         as_speed: whether the model is wrapped in `ASSpeed`.
         description: one line for tables.
+        skip_masked: whether later epochs skip samples that were masked
+            when last seen (`MaskedSampleSkipper`; beyond the paper).
     """
 
     name: str
     as_loss: bool
     as_speed: bool
     description: str
+    skip_masked: bool = False
 
 
 METHODS = {
     "softmax": Method("softmax", False, False, "softmax cross entropy"),
     "as_softmax": Method("as_softmax", True, False, "AS-Softmax loss"),
     "as_speed": Method("as_speed", True, True, "AS-Softmax + adaptive accumulation"),
+    "as_skip": Method(
+        "as_skip", True, True, "AS-Speed + skipping samples masked when last seen", True
+    ),
 }
 
 
@@ -491,12 +498,13 @@ class _Recorder(keras.callbacks.Callback):
         self.eval_every = eval_every
         self.step = 0
         self.masked_ratio, self.accum_steps = [], []
-        self.evals, self.epoch_times = [], []
+        self.evals, self.epoch_times, self.epoch_batches = [], [], []
         self.compile_time = 0.0
         self.train_time = 0.0  # cumulative, compile and evaluation excluded
         self._prev = (0.0, 0.0)
 
     def on_epoch_begin(self, epoch, logs=None):
+        self.epoch_batches.append(0)
         self._prev = (0.0, 0.0)
         self._epoch_time = 0.0
         self._t = time.perf_counter()
@@ -512,6 +520,7 @@ class _Recorder(keras.callbacks.Callback):
             self._epoch_time += elapsed
             self.train_time += elapsed
         self.step += 1
+        self.epoch_batches[-1] += 1
         dm, dc = masked - self._prev[0], counted - self._prev[1]
         self._prev = (masked, counted)
         self.masked_ratio.append(dm / dc if dc > 0 else float("nan"))
@@ -551,6 +560,8 @@ class RunResult:
         compile_time: seconds of the first batch (tracing + XLA compile).
         epoch_times: training seconds per epoch, compile and validation
             excluded.
+        batches_per_epoch: training batches run in each epoch (fewer than
+            `steps_per_epoch` when `"as_skip"` skips masked samples).
         masked_ratio: per training batch, the fraction of counted rows whose
             AS-Softmax loss is exactly 0 (for softmax: that an
             `ASSoftmaxLoss(delta)` would mask).
@@ -573,6 +584,7 @@ class RunResult:
     optimizer_updates: int
     compile_time: float
     epoch_times: list
+    batches_per_epoch: list
     masked_ratio: list
     accum_steps: list
     evals: list
@@ -624,6 +636,7 @@ def run(
     delta=None,
     lam=0.5,
     max_steps=5,
+    revisit=0.2,
     warmup_ratio=0.0,
     evals_per_epoch=1,
     eval_batch_size=128,
@@ -645,6 +658,8 @@ def run(
         delta: AS-Softmax margin; defaults to `DEFAULT_DELTA[task]`. Also
             the margin of the masked ratio recorded for softmax.
         lam, max_steps: AS-Speed's lambda and cap `s` (Clinc: 0.5 / 5).
+        revisit: for `"as_skip"`, the probability that a sample masked at
+            its last visit is trained on anyway. Defaults to `0.2`.
         warmup_ratio: if > 0, the AS methods train with `delta = 1` for
             this fraction of steps (`DeltaWarmup`).
         evals_per_epoch: validation passes per epoch (more points for the
@@ -667,8 +682,11 @@ def run(
     loss = make_loss(method, task, delta)
     optimizer = keras.optimizers.AdamW(learning_rate=learning_rate, weight_decay=weight_decay)
     metrics = []
+    skipper = None
+    if method.skip_masked:
+        skipper = MaskedSampleSkipper(len(data.train[1]), revisit=revisit, seed=seed)
     if method.as_speed:
-        model = ASSpeed(model, lam=lam, max_steps=max_steps)
+        model = ASSpeed(model, lam=lam, max_steps=max_steps, sample_skipper=skipper)
         model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
         tracker = model.masked_ratio_tracker
     else:
@@ -696,7 +714,10 @@ def run(
     callbacks = [recorder]
     if warmup_ratio > 0 and method.as_loss:
         callbacks.append(DeltaWarmup(warmup_ratio=warmup_ratio))
-    train_ds = make_dataset(data.train, batch_size, shuffle_seed=seed, drop_remainder=True)
+    if skipper is not None:
+        train_ds = skipper.dataset(*data.train, batch_size=batch_size, seed=seed)
+    else:
+        train_ds = make_dataset(data.train, batch_size, shuffle_seed=seed, drop_remainder=True)
     model.fit(train_ds, epochs=epochs, callbacks=callbacks, verbose=verbose, shuffle=False)
 
     x_test, y_test = data.test
@@ -713,6 +734,7 @@ def run(
         optimizer_updates=int(ops.convert_to_numpy(model.optimizer.iterations)),
         compile_time=recorder.compile_time,
         epoch_times=recorder.epoch_times,
+        batches_per_epoch=recorder.epoch_batches,
         masked_ratio=recorder.masked_ratio,
         accum_steps=recorder.accum_steps,
         evals=recorder.evals,
@@ -783,7 +805,7 @@ def compare(results, baseline="softmax"):
                 tb = base[r.seed].time_to_reach(target)
                 reach.append(t)
                 ratios.append(t / tb if t is not None and tb else None)
-        masked = [float(np.nanmean(r.masked_ratio[-r.steps_per_epoch:])) for r in runs]
+        masked = [float(np.nanmean(r.masked_ratio[-r.batches_per_epoch[-1]:])) for r in runs]
         pearson = [loss_metric_correlation(r) for r in runs]
         epoch = np.mean([r.time_per_epoch for r in runs])
         rows.append([

@@ -4,8 +4,8 @@ import keras
 from keras import ops
 
 
-def count_masked_rows(loss, y_true, y_pred, sample_weight=None):
-    """Counts the rows a loss masks, over the rows that count.
+def masked_rows(loss, y_true, y_pred, sample_weight=None):
+    """Which rows a loss masks, and which rows count.
 
     A row (a sample, or a token) is *masked* when its loss is exactly 0.0.
     Rows labelled with the loss's `ignore_class` and rows whose sample weight
@@ -19,7 +19,7 @@ def count_masked_rows(loss, y_true, y_pred, sample_weight=None):
         sample_weight: optional weights broadcastable to the rows.
 
     Returns:
-        `(masked, counted)`: float32 scalars.
+        `(masked, counted)`: bool tensors with one value per row.
     """
     y_true = ops.convert_to_tensor(y_true, dtype=loss.dtype)
     y_pred = ops.convert_to_tensor(y_pred, dtype=loss.dtype)
@@ -36,7 +36,15 @@ def count_masked_rows(loss, y_true, y_pred, sample_weight=None):
         while len(sample_weight.shape) < len(values.shape):
             sample_weight = ops.expand_dims(sample_weight, -1)
         counted = ops.logical_and(counted, ops.not_equal(sample_weight, 0))
-    masked = ops.logical_and(counted, ops.equal(values, 0.0))
+    return ops.logical_and(counted, ops.equal(values, 0.0)), counted
+
+
+def count_masked_rows(loss, y_true, y_pred, sample_weight=None):
+    """Counts the rows a loss masks, over the rows that count.
+
+    See `masked_rows`; returns `(masked, counted)` as float32 scalars.
+    """
+    masked, counted = masked_rows(loss, y_true, y_pred, sample_weight)
     return (
         ops.sum(ops.cast(masked, "float32")),
         ops.sum(ops.cast(counted, "float32")),
