@@ -1,0 +1,38 @@
+"""Smoke test: `benchmarks/loss_speed.py --quick` runs and prints its table.
+
+Only checks that the script works (tiny shapes, 2 rounds); it asserts
+nothing about the times it prints.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import keras
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "loss_speed.py"
+
+
+def test_loss_speed_quick_runs_and_prints_table():
+    backend = keras.backend.backend()
+    if backend not in ("tensorflow", "jax"):
+        pytest.skip(f"loss_speed.py runs on tensorflow or jax, not {backend}")
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    header = [line for line in out.splitlines() if line.startswith("case")]
+    assert header, out
+    for column in ("ours ms", "base ms", "time x", "peak MiB ours", "mem x"):
+        assert column in header[0], out
+    for name in ("AS-Softmax vs SCCE ", "AS-Softmax vs SCCE tok", "ML AS-Softmax vs MLCCE"):
+        assert name in out, out
+    assert "Targets: time x <= 1.10" in out, out
