@@ -132,9 +132,10 @@ def test_probabilities_and_one_hot_labels():
         np.testing.assert_allclose(to_numpy(loss(y, x)), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_easy_rows_have_exactly_zero_loss_and_gradient():
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_easy_rows_have_exactly_zero_loss_and_gradient(dtype):
     logits = np.array(
-        [[9.0, 0.0, 1.0, -2.0], [0.0, 6.0, 0.0, 0.0], [1.0, 1.1, 0.9, 0.0]], "float64"
+        [[9.0, 0.0, 1.0, -2.0], [0.0, 6.0, 0.0, 0.0], [1.0, 1.1, 0.9, 0.0]], dtype
     )
     labels = np.array([0, 1, 1])
     values, grad = value_and_grad(

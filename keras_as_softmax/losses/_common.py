@@ -166,6 +166,17 @@ def prepare_multiclass(y_true, y_pred, from_logits, label_mode, ignore_class):
         one-hot of the target `[..., C]`, and a boolean `[...]` mask of the
         rows that count (`None` when every row counts).
     """
+    logits, _, is_target, valid = prepare_multiclass_labels(
+        y_true, y_pred, from_logits, label_mode, ignore_class
+    )
+    return logits, is_target, valid
+
+
+def prepare_multiclass_labels(
+    y_true, y_pred, from_logits, label_mode, ignore_class
+):
+    """`prepare_multiclass` that also returns the int32 labels `[...]`
+    (0 at ignored positions): `(logits, labels, is_target, valid)`."""
     y_true = ops.convert_to_tensor(y_true)
     y_pred = ops.convert_to_tensor(y_pred)
     num_classes = y_pred.shape[-1] if len(y_pred.shape) else None
@@ -193,7 +204,7 @@ def prepare_multiclass(y_true, y_pred, from_logits, label_mode, ignore_class):
         labels = ops.where(valid, labels, 0)
     class_ids = ops.arange(ops.shape(logits)[-1], dtype="int32")
     is_target = ops.equal(ops.expand_dims(labels, -1), class_ids)
-    return logits, is_target, valid
+    return logits, labels, is_target, valid
 
 
 def target_logit(logits, is_target):

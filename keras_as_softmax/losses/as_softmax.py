@@ -7,23 +7,6 @@ from keras_as_softmax.losses import _common
 from keras_as_softmax.losses._base import MultiClassLoss
 
 
-def as_softmax_keep_mask(probs, is_target, delta):
-    """Classes AS-Softmax keeps: `p_t - p_i < delta`, and the target itself.
-
-    Args:
-        probs: softmax probabilities `[..., C]`.
-        is_target: bool one-hot of the target `[..., C]`.
-        delta: margin in [0, 1] (number, tensor or variable).
-
-    Returns:
-        A bool tensor `[..., C]`, constant for differentiation.
-    """
-    target_prob = ops.sum(ops.where(is_target, probs, 0.0), axis=-1, keepdims=True)
-    delta = ops.cast(delta, probs.dtype)
-    keep = ops.logical_or(ops.less(target_prob - probs, delta), is_target)
-    return ops.stop_gradient(keep)
-
-
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
 def as_softmax_cross_entropy(
     y_true,
@@ -61,16 +44,47 @@ def as_softmax_cross_entropy(
 
     Returns:
         Loss values of shape `[...]`, float32 (float64 for float64 inputs).
+
+    The gradient is written out (`softmax over kept classes - one_hot`), so
+    that XLA fuses the whole loss into a few passes and masked rows get an
+    exact 0.0 in every precision; second derivatives are not available.
     """
     delta = _common.check_delta(delta)
-    logits, is_target, valid = _common.prepare_multiclass(
+    y_pred = ops.convert_to_tensor(y_pred)
+    logits, labels, is_target, valid = _common.prepare_multiclass_labels(
         y_true, y_pred, from_logits, label_mode, ignore_class
     )
-    top, exps = _common.shift_exp(logits)
-    probs = exps / ops.sum(exps, axis=-1, keepdims=True)
-    keep = as_softmax_keep_mask(probs, is_target, delta)
-    values = _common.kept_cross_entropy(logits, is_target, keep, (top, exps))
-    return _common.zero_invalid(values, valid)
+    labels = ops.expand_dims(labels, -1)
+    # `to_logits` is monotone, so max(to_logits(y)) == to_logits(max(y)):
+    # reducing the raw input keeps XLA from materializing the clipped logits.
+    top = ops.stop_gradient(
+        _common.to_logits(ops.max(y_pred, axis=-1, keepdims=True), from_logits)
+    )
+    delta = ops.cast(delta, logits.dtype)
+
+    @ops.custom_gradient
+    def kept_cross_entropy(x):
+        exps = ops.exp(x - top)
+        total = ops.sum(exps, axis=-1, keepdims=True)
+        target = ops.take_along_axis(x, labels, axis=-1)
+        # p_t - p_i < delta  <=>  e_i > e_t - delta * sum(e), e = exp(o - max)
+        threshold = ops.exp(target - top) - delta * total
+        keep = ops.logical_or(ops.greater(exps, threshold), is_target)
+        kept_exps = ops.where(keep, exps, 0.0)
+        kept = ops.sum(kept_exps, axis=-1, keepdims=True)
+        values = ops.squeeze(top + ops.log(kept) - target, axis=-1)
+
+        def grad(*args, upstream=None):
+            if upstream is None:  # TensorFlow and JAX pass it positionally.
+                (upstream,) = args
+            softmax_kept = kept_exps / kept
+            return ops.expand_dims(upstream, -1) * (
+                softmax_kept - ops.cast(is_target, softmax_kept.dtype)
+            )
+
+        return values, grad
+
+    return _common.zero_invalid(kept_cross_entropy(logits), valid)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")

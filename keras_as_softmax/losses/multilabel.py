@@ -59,34 +59,6 @@ def multilabel_categorical_crossentropy(y_true, y_pred):
     return _multilabel_terms(logits, positive, True, True)
 
 
-def multilabel_as_softmax_keep_masks(probs, positive, delta):
-    """Which negatives and positives multi-label AS-Softmax keeps (eq. 15-17).
-
-    A negative `i` is dropped when `p_t_min - p_i >= delta`, a positive `t`
-    when `p_t - p_i_max >= delta`, with `p = softmax(o)` over all classes,
-    `p_t_min` the smallest positive and `p_i_max` the largest negative
-    probability. A row without positives drops no negative; a row without
-    negatives drops no positive.
-
-    Returns:
-        `(keep_neg, keep_pos)`, bool tensors `[..., C]`, constant for
-        differentiation.
-    """
-    negative = ops.logical_not(positive)
-    delta = ops.cast(delta, probs.dtype)
-    has_pos = ops.any(positive, axis=-1, keepdims=True)
-    has_neg = ops.any(negative, axis=-1, keepdims=True)
-    # Rows without positives (negatives) never use these, so any fill works.
-    min_pos = ops.min(ops.where(positive, probs, 1.0), axis=-1, keepdims=True)
-    max_neg = ops.max(ops.where(negative, probs, 0.0), axis=-1, keepdims=True)
-    drop_neg = ops.logical_and(has_pos, ops.greater_equal(min_pos - probs, delta))
-    drop_pos = ops.logical_and(has_neg, ops.greater_equal(probs - max_neg, delta))
-    return (
-        ops.stop_gradient(ops.logical_not(drop_neg)),
-        ops.stop_gradient(ops.logical_not(drop_pos)),
-    )
-
-
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
 def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     """Per-sample multi-label AS-Softmax cross entropy (eq. 14-18).
@@ -111,9 +83,50 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     """
     delta = _common.check_delta(delta)
     logits, positive = _prepare_multilabel(y_true, y_pred)
-    probs = ops.stop_gradient(ops.softmax(logits, axis=-1))
-    keep_neg, keep_pos = multilabel_as_softmax_keep_masks(probs, positive, delta)
-    return _multilabel_terms(logits, positive, keep_neg, keep_pos)
+    negative = ops.logical_not(positive)
+    o = ops.stop_gradient(logits)
+    # Four row reductions give everything the masks need. With
+    # e = exp(o - max) and p = e / sum(e), `p_a - p_b >= delta` is
+    # `e_a - e_b >= delta * sum(e)`. Logits are clipped to +-1e30, so an
+    # infinite min / max marks a row without positives / negatives.
+    top = ops.max(o, axis=-1, keepdims=True)
+    margin = ops.cast(delta, o.dtype) * ops.sum(ops.exp(o - top), axis=-1, keepdims=True)
+    min_pos = ops.min(ops.where(positive, o, float("inf")), axis=-1, keepdims=True)
+    max_neg = ops.max(ops.where(negative, o, -float("inf")), axis=-1, keepdims=True)
+    has_pos = ops.less(min_pos, float("inf"))
+    has_neg = ops.greater(max_neg, -float("inf"))
+    e_min_pos = ops.exp(ops.where(has_pos, min_pos, top) - top)
+    e_max_neg = ops.exp(max_neg - top)
+    e = ops.exp(o - top)
+    keep_neg = ops.logical_and(
+        negative,
+        ops.logical_not(ops.logical_and(has_pos, e_min_pos - e >= margin)),
+    )
+    keep_pos = ops.logical_and(
+        positive,
+        ops.logical_not(ops.logical_and(has_neg, e - e_max_neg >= margin)),
+    )
+    # The largest negative (smallest positive) is the last of its kind to be
+    # dropped, so it is the shift over the kept ones; when it is dropped, all
+    # are, which is exactly the masked row.
+    masked = ops.logical_and(
+        ops.logical_and(has_pos, has_neg), e_min_pos - e_max_neg >= margin
+    )
+    neg_empty = ops.logical_or(ops.logical_not(has_neg), masked)
+    pos_empty = ops.logical_or(ops.logical_not(has_pos), masked)
+    neg_shift = ops.where(neg_empty, 0.0, ops.maximum(max_neg, 0.0))
+    pos_shift = ops.where(pos_empty, 0.0, ops.maximum(-min_pos, 0.0))
+    return _log1p_sum_exp_shifted(
+        logits, keep_neg, neg_shift, neg_empty
+    ) + _log1p_sum_exp_shifted(-logits, keep_pos, pos_shift, pos_empty)
+
+
+def _log1p_sum_exp_shifted(x, include, top, empty):
+    """`log(1 + sum(exp(x[include])))` given a shift `top` >= 0 and >= every
+    included `x`; 0.0 exactly where `empty`."""
+    exps = ops.where(include, ops.exp(ops.where(include, x, top) - top), 0.0)
+    total = ops.exp(-top) + ops.sum(exps, axis=-1, keepdims=True)
+    return ops.squeeze(ops.where(empty, 0.0, top + ops.log(total)), axis=-1)
 
 
 class _MultiLabelLoss(keras.losses.Loss):
