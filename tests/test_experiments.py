@@ -158,7 +158,7 @@ def test_compare_time_to_reach():
         evals = [{"step": i, "epoch": i, "time": t, "val_loss": 1.0 - m, "val_metric": m} for i, (t, m) in enumerate(zip(times, metrics))]
         return experiments.RunResult(
             method, 0, "multiclass", "accuracy", "d", len(times), 10, 10, 1.0, [epoch_time] * len(times),
-            [0.5] * 10, [], evals, metrics[-1], 0.0, metrics[-1], 0.0, np.zeros(3),
+            [10] * len(times), [0.5] * 10, [], evals, metrics[-1], 0.0, metrics[-1], 0.0, np.zeros(3),
         )
 
     base = fake("softmax", [10, 20, 30], [0.5, 0.7, 0.6], 10.0)

@@ -65,6 +65,14 @@ def check_delta(delta, name="delta"):
     return value
 
 
+def delta_variable(delta):
+    """The non-trainable float32 `keras.Variable` that holds a loss's delta.
+
+    Callbacks (`DeltaWarmup`) assign it during training without recompiling.
+    """
+    return keras.Variable(check_delta(delta), dtype="float32", trainable=False, name="delta")
+
+
 def check_positive(value, name):
     if not float(value) > 0:
         raise ValueError(

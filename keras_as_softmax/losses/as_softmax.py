@@ -172,12 +172,7 @@ class ASSoftmaxLoss(MultiClassLoss):
             name=name,
             dtype=dtype,
         )
-        self.delta = keras.Variable(
-            _common.check_delta(delta),
-            dtype="float32",
-            trainable=False,
-            name="delta",
-        )
+        self.delta = _common.delta_variable(delta)
 
     def _fn_kwargs(self):
         return {"delta": self.delta}

@@ -243,12 +243,7 @@ class MultiLabelASSoftmaxLoss(_MultiLabelLoss):
         dtype=None,
     ):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
-        self.delta = keras.Variable(
-            _common.check_delta(delta),
-            dtype="float32",
-            trainable=False,
-            name="delta",
-        )
+        self.delta = _common.delta_variable(delta)
 
     def call(self, y_true, y_pred):
         return multilabel_as_softmax_cross_entropy(y_true, y_pred, self.delta)
