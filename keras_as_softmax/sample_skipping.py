@@ -20,7 +20,9 @@ class MaskedSampleSkipper:
     Works with `keras_as_softmax.ASSpeed` on the TensorFlow backend (one
     device): pass it as `ASSpeed(..., sample_skipper=skipper)` and train on
     `skipper.dataset(...)`. A token-classification sample counts as masked
-    when all of its counted tokens are.
+    when all of its counted tokens are. The filtered dataset has no known
+    length, so Keras may warn that the "input ran out of data" when an epoch
+    ends early: that is the skipping, and training goes on.
 
     Args:
         num_samples: size of the training set.
