@@ -82,8 +82,11 @@ def train_step(model, state, data):
     for variable, value in updates:
         non_trainable[index[id(variable)]] = value
 
-    logs, metrics_vars = model._update_metrics_variables(
-        metrics_vars, unscaled_loss, x, y, y_pred, sample_weight
+    logs, metrics_vars = model._compute_metrics_with_counts(
+        (masked, counted),
+        lambda: model._update_metrics_variables(
+            metrics_vars, unscaled_loss, x, y, y_pred, sample_weight
+        ),
     )
     logs["accum_steps"] = steps
     return logs, (trainable, non_trainable, optimizer_vars, metrics_vars)

@@ -87,6 +87,9 @@ def train_step(model, data):
     else:
         tf.cond(window_done, apply_window, lambda: None)
 
-    logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    logs = model._compute_metrics_with_counts(
+        (masked, counted),
+        lambda: model.compute_metrics(x, y, y_pred, sample_weight=sample_weight),
+    )
     logs["accum_steps"] = tf.convert_to_tensor(model._accum_steps)
     return logs

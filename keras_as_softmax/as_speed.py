@@ -145,6 +145,7 @@ class ASSpeed(keras.Model):
         self.lam = float(lam)
         self.max_steps = max_steps
         self.masked_ratio_tracker = MaskedRatio(name="masked_ratio")
+        self._step_counts = None
         if model.built:
             self._create_state()
             self.built = True
@@ -217,12 +218,23 @@ class ASSpeed(keras.Model):
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         # Called by train and test steps on every backend (inside JAX's
-        # stateless scope too), so `masked_ratio` is right in both.
-        if isinstance(self.loss, keras.losses.Loss):
-            self.masked_ratio_tracker.update_counts(
-                *count_masked_rows(self.loss, y, y_pred, sample_weight)
-            )
+        # stateless scope too), so `masked_ratio` is right in both. A train
+        # step hands over the counts it already has (`_step_counts`) instead
+        # of running the loss once more.
+        counts = self._step_counts
+        if counts is None and isinstance(self.loss, keras.losses.Loss):
+            counts = count_masked_rows(self.loss, y, y_pred, sample_weight)
+        if counts is not None:
+            self.masked_ratio_tracker.update_counts(*counts)
         return super().compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _compute_metrics_with_counts(self, counts, compute):
+        """Runs `compute()` with the train step's `(masked, counted)`."""
+        self._step_counts = counts
+        try:
+            return compute()
+        finally:
+            self._step_counts = None
 
     def train_step(self, *args):
         # Runs once per trace, not per step.
