@@ -7,6 +7,30 @@ from keras_as_softmax.losses import _common
 from keras_as_softmax.losses._base import MultiClassLoss
 
 
+# Up to this many classes, the row max and the target logit come from one
+# reduction over the logits stacked with their target-only copy: XLA on CPU
+# runs every reduction and gather as a kernel of its own, and at small row
+# sizes those launches, not the arithmetic, are the cost. Past it, the
+# stacked copy would double the memory traffic of the largest pass.
+_STACKED_ROW_LIMIT = 256
+
+
+def _row_max_and_target(y_pred, logits, labels, is_target, from_logits):
+    """`(max, target logit)` per row, `[..., 1]` each; the max is a constant
+    for gradients (the loss's gradient is written out)."""
+    if logits.shape[-1] is not None and logits.shape[-1] <= _STACKED_ROW_LIMIT:
+        both = ops.max(
+            ops.stack([logits, ops.where(is_target, logits, -float("inf"))], -2),
+            axis=-1,
+        )
+        return ops.stop_gradient(both[..., :1]), both[..., 1:]
+    # `to_logits` is monotone, so max(to_logits(y)) == to_logits(max(y)):
+    # reducing the raw input keeps XLA from materializing the clipped logits.
+    top = _common.to_logits(ops.max(y_pred, axis=-1, keepdims=True), from_logits)
+    target = ops.take_along_axis(logits, ops.expand_dims(labels, -1), axis=-1)
+    return ops.stop_gradient(top), target
+
+
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
 def as_softmax_cross_entropy(
     y_true,
@@ -54,19 +78,13 @@ def as_softmax_cross_entropy(
     logits, labels, is_target, valid = _common.prepare_multiclass_labels(
         y_true, y_pred, from_logits, label_mode, ignore_class
     )
-    labels = ops.expand_dims(labels, -1)
-    # `to_logits` is monotone, so max(to_logits(y)) == to_logits(max(y)):
-    # reducing the raw input keeps XLA from materializing the clipped logits.
-    top = ops.stop_gradient(
-        _common.to_logits(ops.max(y_pred, axis=-1, keepdims=True), from_logits)
-    )
+    top, target = _row_max_and_target(y_pred, logits, labels, is_target, from_logits)
     delta = ops.cast(delta, logits.dtype)
 
     @ops.custom_gradient
     def kept_cross_entropy(x):
         exps = ops.exp(x - top)
         total = ops.sum(exps, axis=-1, keepdims=True)
-        target = ops.take_along_axis(x, labels, axis=-1)
         # p_t - p_i < delta  <=>  e_i > e_t - delta * sum(e), e = exp(o - max)
         threshold = ops.exp(target - top) - delta * total
         keep = ops.logical_or(ops.greater(exps, threshold), is_target)

@@ -6,21 +6,6 @@ from keras import ops
 from keras_as_softmax.losses import _common
 
 
-def _log1p_sum_exp(x, include):
-    """`log(1 + sum(exp(x[include])))` along the last axis, for any magnitude.
-
-    The logsumexp of `x[include]` with an appended 0, shifted by its max.
-    Excluded entries are replaced *before* the exponential (a double `where`)
-    so that neither the value nor the gradient can meet `inf` or `0 * inf`.
-    An empty `include` gives exactly 0.0.
-    """
-    top = ops.max(ops.where(include, x, 0.0), axis=-1, keepdims=True)
-    top = ops.stop_gradient(ops.maximum(top, 0.0))
-    exps = ops.where(include, ops.exp(ops.where(include, x, top) - top), 0.0)
-    total = ops.exp(-top) + ops.sum(exps, axis=-1, keepdims=True)
-    return ops.squeeze(top + ops.log(total), axis=-1)
-
-
 def _prepare_multilabel(y_true, y_pred):
     y_true = ops.convert_to_tensor(y_true)
     y_pred = ops.convert_to_tensor(y_pred)
@@ -30,11 +15,54 @@ def _prepare_multilabel(y_true, y_pred):
     return logits, positive
 
 
-def _multilabel_terms(logits, positive, keep_neg, keep_pos):
-    negative = ops.logical_not(positive)
-    return _log1p_sum_exp(
-        logits, ops.logical_and(negative, keep_neg)
-    ) + _log1p_sum_exp(-logits, ops.logical_and(positive, keep_pos))
+def _per_side(positive, sides):
+    """Picks, per class, the negative side's (`sides[..., :1]`) or the
+    positive side's (`sides[..., 1:]`) row value."""
+    return ops.where(positive, sides[..., 1:], sides[..., :1])
+
+
+def _split_sum(positive, x):
+    """Row sums of `x` over the negatives and over the positives, `[..., 2]`,
+    in one reduction (XLA runs each reduction as a kernel of its own, which
+    dominates the cost at small sizes)."""
+    return ops.sum(
+        ops.stack([ops.where(positive, 0.0, x), ops.where(positive, x, 0.0)], -2),
+        axis=-1,
+    )
+
+
+def _two_sided_log1p_sum_exp(logits, positive, keep, shifts):
+    """`log(1 + sum_{neg, keep} exp(o)) + log(1 + sum_{pos, keep} exp(-o))`.
+
+    Each side is a logsumexp with an appended 0, shifted by a constant:
+    `shifts[..., 0]` for the negatives' `o`, `shifts[..., 1]` for the
+    positives' `-o`, each >= 0 and >= every kept term of its side. A side
+    with nothing kept and shift 0 is `log(1) == 0.0` exactly. Excluded
+    entries are replaced before the exponential, so neither the value nor
+    the gradient can meet `inf` or `0 * inf`. The gradient is written out
+    (`+-exp(z - shift) / total` per kept class), which keeps the compiled
+    loss to a few fused passes.
+    """
+    shift = _per_side(positive, shifts)
+
+    @ops.custom_gradient
+    def two_sided(x):
+        z = ops.where(positive, -x, x)
+        exps = ops.where(keep, ops.exp(ops.where(keep, z, shift) - shift), 0.0)
+        totals = ops.exp(-shifts) + _split_sum(positive, exps)
+        values = ops.sum(shifts + ops.log(totals), axis=-1)
+
+        def grad(*args, upstream=None):
+            if upstream is None:  # TensorFlow and JAX pass it positionally.
+                (upstream,) = args
+            signed_totals = totals * ops.convert_to_tensor([1.0, -1.0], totals.dtype)
+            return ops.expand_dims(upstream, -1) * (
+                exps / _per_side(positive, signed_totals)
+            )
+
+        return values, grad
+
+    return two_sided(logits)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -56,7 +84,13 @@ def multilabel_categorical_crossentropy(y_true, y_pred):
         Loss values of shape `[...]`.
     """
     logits, positive = _prepare_multilabel(y_true, y_pred)
-    return _multilabel_terms(logits, positive, True, True)
+    o = ops.stop_gradient(logits)
+    # max(0, largest negative), max(0, -smallest positive)
+    shifts = ops.max(
+        ops.stack([ops.where(positive, 0.0, o), ops.where(positive, -o, 0.0)], -2),
+        axis=-1,
+    )
+    return _two_sided_log1p_sum_exp(logits, positive, True, shifts)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -83,50 +117,58 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     """
     delta = _common.check_delta(delta)
     logits, positive = _prepare_multilabel(y_true, y_pred)
-    negative = ops.logical_not(positive)
     o = ops.stop_gradient(logits)
-    # Four row reductions give everything the masks need. With
-    # e = exp(o - max) and p = e / sum(e), `p_a - p_b >= delta` is
-    # `e_a - e_b >= delta * sum(e)`. Logits are clipped to +-1e30, so an
-    # infinite min / max marks a row without positives / negatives.
-    top = ops.max(o, axis=-1, keepdims=True)
-    margin = ops.cast(delta, o.dtype) * ops.sum(ops.exp(o - top), axis=-1, keepdims=True)
-    min_pos = ops.min(ops.where(positive, o, float("inf")), axis=-1, keepdims=True)
-    max_neg = ops.max(ops.where(negative, o, -float("inf")), axis=-1, keepdims=True)
-    has_pos = ops.less(min_pos, float("inf"))
-    has_neg = ops.greater(max_neg, -float("inf"))
-    e_min_pos = ops.exp(ops.where(has_pos, min_pos, top) - top)
-    e_max_neg = ops.exp(max_neg - top)
-    e = ops.exp(o - top)
-    keep_neg = ops.logical_and(
-        negative,
-        ops.logical_not(ops.logical_and(has_pos, e_min_pos - e >= margin)),
+    # Two row reductions give everything the masks need: three maxima in
+    # one, then the softmax sum. With e = exp(o - max) and p = e / sum(e),
+    # `p_a - p_b >= delta` is `e_a - e_b >= delta * sum(e)`. Logits are
+    # clipped to +-1e30, so an infinite extreme marks a row without
+    # negatives / positives.
+    inf = float("inf")
+    maxima = ops.max(
+        ops.stack(
+            [
+                ops.where(positive, -inf, o),  # largest negative
+                ops.where(positive, -o, -inf),  # minus the smallest positive
+                ops.where(positive, o, -inf),  # largest positive
+            ],
+            axis=-2,
+        ),
+        axis=-1,
     )
-    keep_pos = ops.logical_and(
+    # extremes[..., 0] = largest negative, [..., 1] = smallest positive.
+    extremes = maxima[..., :2] * ops.convert_to_tensor([1.0, -1.0], o.dtype)
+    present = ops.less(ops.abs(extremes), inf)
+    top = ops.maximum(maxima[..., :1], maxima[..., 2:])
+    e = ops.exp(o - top)
+    margin = ops.cast(delta, o.dtype) * ops.sum(e, axis=-1, keepdims=True)
+    e_max_neg, e_min_pos = ops.split(
+        ops.where(present, ops.exp(ops.where(present, extremes, top) - top), 0.0),
+        2,
+        axis=-1,
+    )
+    has_neg, has_pos = ops.split(present, 2, axis=-1)
+    # A negative is dropped once the weakest positive leads it by delta, a
+    # positive once it leads the strongest negative by delta.
+    dropped = ops.where(
         positive,
-        ops.logical_not(ops.logical_and(has_neg, e - e_max_neg >= margin)),
+        ops.logical_and(has_neg, e - e_max_neg >= margin),
+        ops.logical_and(has_pos, e_min_pos - e >= margin),
     )
     # The largest negative (smallest positive) is the last of its kind to be
-    # dropped, so it is the shift over the kept ones; when it is dropped, all
-    # are, which is exactly the masked row.
+    # dropped, and by the same comparison as the row's: when it goes, all go,
+    # which is exactly the masked row. Both shifts then become 0, so the loss
+    # is log(1) + log(1) == 0.0 exactly.
     masked = ops.logical_and(
         ops.logical_and(has_pos, has_neg), e_min_pos - e_max_neg >= margin
     )
-    neg_empty = ops.logical_or(ops.logical_not(has_neg), masked)
-    pos_empty = ops.logical_or(ops.logical_not(has_pos), masked)
-    neg_shift = ops.where(neg_empty, 0.0, ops.maximum(max_neg, 0.0))
-    pos_shift = ops.where(pos_empty, 0.0, ops.maximum(-min_pos, 0.0))
-    return _log1p_sum_exp_shifted(
-        logits, keep_neg, neg_shift, neg_empty
-    ) + _log1p_sum_exp_shifted(-logits, keep_pos, pos_shift, pos_empty)
-
-
-def _log1p_sum_exp_shifted(x, include, top, empty):
-    """`log(1 + sum(exp(x[include])))` given a shift `top` >= 0 and >= every
-    included `x`; 0.0 exactly where `empty`."""
-    exps = ops.where(include, ops.exp(ops.where(include, x, top) - top), 0.0)
-    total = ops.exp(-top) + ops.sum(exps, axis=-1, keepdims=True)
-    return ops.squeeze(ops.where(empty, 0.0, top + ops.log(total)), axis=-1)
+    shifts = ops.where(
+        ops.logical_and(present, ops.logical_not(masked)),
+        ops.maximum(maxima[..., :2], 0.0),
+        0.0,
+    )
+    return _two_sided_log1p_sum_exp(
+        logits, positive, ops.logical_not(dropped), shifts
+    )
 
 
 class _MultiLabelLoss(keras.losses.Loss):
