@@ -16,19 +16,20 @@ _STACKED_ROW_LIMIT = 256
 
 
 def _row_max_and_target(y_pred, logits, labels, is_target, from_logits):
-    """`(max, target logit)` per row, `[..., 1]` each; the max is a constant
-    for gradients (the loss's gradient is written out)."""
+    """`(max, target logit)` per row, `[..., 1]` each, as constants for
+    autodiff: the loss's gradient is written out, and JAX refuses a custom
+    gradient that closes over values it differentiates."""
     if logits.shape[-1] is not None and logits.shape[-1] <= _STACKED_ROW_LIMIT:
         both = ops.max(
             ops.stack([logits, ops.where(is_target, logits, -float("inf"))], -2),
             axis=-1,
         )
-        return ops.stop_gradient(both[..., :1]), both[..., 1:]
+        return ops.stop_gradient(both[..., :1]), ops.stop_gradient(both[..., 1:])
     # `to_logits` is monotone, so max(to_logits(y)) == to_logits(max(y)):
     # reducing the raw input keeps XLA from materializing the clipped logits.
     top = _common.to_logits(ops.max(y_pred, axis=-1, keepdims=True), from_logits)
     target = ops.take_along_axis(logits, ops.expand_dims(labels, -1), axis=-1)
-    return ops.stop_gradient(top), target
+    return ops.stop_gradient(top), ops.stop_gradient(target)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
