@@ -1,4 +1,4 @@
-"""Smoke test: `benchmarks/loss_speed.py --quick` runs and prints its table.
+"""Smoke tests: the benchmark scripts run with `--quick` and print their tables.
 
 Only checks that the script works (tiny shapes, 2 rounds); it asserts
 nothing about the times it prints.
@@ -36,3 +36,25 @@ def test_loss_speed_quick_runs_and_prints_table():
     for name in ("AS-Softmax vs SCCE ", "AS-Softmax vs SCCE tok", "ML AS-Softmax vs MLCCE"):
         assert name in out, out
     assert "Targets: time x <= 1.10" in out, out
+
+
+STEP_COST = SCRIPT.parent / "step_cost.py"
+
+
+@pytest.mark.slow
+def test_step_cost_quick_runs_and_prints_the_bound():
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("step_cost.py times TensorFlow with XLA")
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(
+        [sys.executable, str(STEP_COST), "--quick"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for part in ("train step [8]", "AdamW update alone", "inference forward [8]", "forward + backward [2]"):
+        assert part in out, out
+    assert "s = 5:" in out and "Upper bound" in out, out
