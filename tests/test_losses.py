@@ -63,7 +63,9 @@ MULTICLASS = {
 
 
 @pytest.mark.parametrize("name", sorted(MULTICLASS))
-@pytest.mark.parametrize("shape,num_classes", [((8,), 5), ((4, 6), 9), ((3,), 151)])
+@pytest.mark.parametrize(
+    "shape,num_classes", [((8,), 5), ((4, 6), 9), ((3,), 151), ((3,), 300)]
+)
 def test_multiclass_matches_numpy_reference(name, shape, num_classes):
     make, ref = MULTICLASS[name]
     labels, logits = random_case(shape, num_classes, seed=num_classes)
@@ -155,6 +157,20 @@ def test_multilabel_masked_row_is_exactly_zero():
     assert values[0] == 0.0 and np.all(grad[0] == 0.0)
     # No positives: nothing may be dropped, so the unmasked loss applies.
     np.testing.assert_allclose(values[1], reference.multilabel(y, logits)[1])
+
+
+@pytest.mark.parametrize("num_classes", [7, 300])  # both row layouts (<= 256 and past it)
+@pytest.mark.parametrize("shape", [(5,), (2, 3)])
+def test_gradient_matches_analytic_for_any_row_count(num_classes, shape):
+    labels, logits = random_case(shape, num_classes, scale=1.0, seed=num_classes)
+    logits = logits.astype("float64")
+    _, grad = value_and_grad(
+        lambda x: kas.as_softmax_cross_entropy(labels, x, delta=0.02), logits
+    )
+    expected = reference.as_softmax_grad(
+        labels.reshape(-1), logits.reshape(-1, num_classes), 0.02
+    ).reshape(logits.shape)
+    np.testing.assert_allclose(grad, expected, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("delta", [0.0, 0.1, 0.3, 1.0])
