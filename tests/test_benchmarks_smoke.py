@@ -15,20 +15,25 @@ import pytest
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "loss_speed.py"
 
 
+def run_quick(script, backend, timeout):
+    """Runs `script --quick` on `backend`; returns its stdout."""
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(
+        [sys.executable, str(script), "--quick"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
 def test_loss_speed_quick_runs_and_prints_table():
     backend = keras.backend.backend()
     if backend not in ("tensorflow", "jax"):
         pytest.skip(f"loss_speed.py runs on tensorflow or jax, not {backend}")
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
+    out = run_quick(SCRIPT, backend, timeout=120)
     header = [line for line in out.splitlines() if line.startswith("case")]
     assert header, out
     for column in ("ours ms", "base ms", "time x", "peak MiB ours", "mem x"):
@@ -45,16 +50,7 @@ STEP_COST = SCRIPT.parent / "step_cost.py"
 def test_step_cost_quick_runs_and_prints_the_bound():
     if keras.backend.backend() != "tensorflow":
         pytest.skip("step_cost.py times TensorFlow with XLA")
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run(
-        [sys.executable, str(STEP_COST), "--quick"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
+    out = run_quick(STEP_COST, "tensorflow", timeout=300)
     for part in ("train step [8]", "AdamW update alone", "inference forward [8]", "forward + backward [2]"):
         assert part in out, out
     assert "s = 5:" in out and "Upper bound" in out, out
