@@ -12,6 +12,122 @@ def _batch_size(x):
     return tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
 
 
+# skip_masked trains on chunks of 1/_CHUNKS of the micro-batch.
+_CHUNKS = 4
+
+
+def _dense_grads(grads, variables):
+    return [
+        tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+        for g, v in zip(grads, variables)
+    ]
+
+
+def _plain_pass(model, x, y, sample_weight):
+    """Forward and backward over the whole micro-batch."""
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        # Divided by the number of replicas, like every Keras loss.
+        loss = model.compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+        )
+        scaled_loss = model.optimizer.scale_loss(loss)
+    variables = model.trainable_variables
+    grads = _dense_grads(tape.gradient(scaled_loss, variables), variables)
+    row_masked, row_counted = masked_rows(model.loss, y, y_pred, sample_weight)
+    return loss, y_pred, grads, row_masked, row_counted, tf.constant(1.0)
+
+
+def _row_coefficients(loss, y, y_pred, sample_weight):
+    """`d loss(y, y_pred, sample_weight) / d values`, one per row.
+
+    Every Keras reduction is linear in the per-row values that `loss.call`
+    returns, so these coefficients turn per-row values into the batch's loss
+    exactly (sample weights, `ignore_class` rescaling, the mean's
+    denominator) for any `keras.losses.Loss`. They are read off a copy of
+    the loss whose `call` returns a probe.
+    """
+    values = loss.call(
+        ops.convert_to_tensor(y, dtype=loss.dtype),
+        ops.convert_to_tensor(y_pred, dtype=loss.dtype),
+    )
+    probe = tf.zeros_like(values)
+    # A shallow copy (`copy.copy` would go through the loss's config).
+    linear = object.__new__(type(loss))
+    linear.__dict__.update(loss.__dict__)
+    linear.call = lambda y_true, y_pred: probe
+    with tf.GradientTape() as tape:
+        tape.watch(probe)
+        total = linear(y, y_pred, sample_weight=sample_weight)
+    return tape.gradient(total, probe)
+
+
+def _compact_pass(model, x, y, sample_weight):
+    """Scores the micro-batch in inference mode, then runs the training
+    forward and backward passes only on the samples it did not mask.
+
+    Those samples are gathered, in order, into chunks of a quarter of the
+    micro-batch, and a compiled loop runs the passes chunk by chunk (none
+    when every sample is masked; one copy of the model in the program).
+    Each row is weighted by the coefficient that the whole micro-batch's
+    loss gives it, so the gradient is the micro-batch's AS-Softmax gradient
+    without the masked samples' zeros, up to what dropout changes between
+    the two passes. Rows masked by the scoring pass stay out even if the
+    training pass would not mask them.
+    """
+    y_pred = model(x, training=False)
+    loss = model.compute_loss(
+        x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+    )
+    row_masked, row_counted = masked_rows(model.loss, y, y_pred, sample_weight)
+    trains = tf.logical_and(row_counted, tf.logical_not(row_masked))
+    coefficients = _row_coefficients(model.loss, y, y_pred, sample_weight)
+    coefficients *= tf.cast(trains, coefficients.dtype)
+    axes = list(range(1, len(trains.shape)))
+    needed = tf.reduce_any(trains, axis=axes) if axes else trains
+    count = tf.reduce_sum(tf.cast(needed, tf.int32))
+    batch = _batch_size(x)
+    chunk = (batch + _CHUNKS - 1) // _CHUNKS
+    # The samples to train on first, in their original order, padded to four
+    # chunks; slots past `count` get weight 0.
+    order = tf.argsort(tf.cast(tf.logical_not(needed), tf.int32), stable=True)
+    order = tf.concat([order, tf.zeros([_CHUNKS * chunk - batch], order.dtype)], 0)
+    slot_weight = tf.cast(tf.range(_CHUNKS * chunk) < count, coefficients.dtype)
+    slot_coefficients = tf.gather(coefficients, order) * tf.reshape(
+        slot_weight, [-1] + [1] * len(axes)
+    )
+    chunks = (count + chunk - 1) // chunk
+    variables = model.trainable_variables
+    dtype = model.loss.dtype
+
+    def body(i, grads):
+        index = order[i * chunk : (i + 1) * chunk]
+        take = lambda t: None if t is None else tf.gather(t, index)  # noqa: E731
+        with tf.GradientTape() as tape:
+            values = model.loss.call(
+                ops.convert_to_tensor(take(y), dtype=dtype),
+                ops.convert_to_tensor(
+                    model(tf.nest.map_structure(take, x), training=True), dtype=dtype
+                ),
+            )
+            part = slot_coefficients[i * chunk : (i + 1) * chunk]
+            part_loss = tf.reduce_sum(part * values)
+            if model.losses:
+                part_loss += tf.add_n(model.losses)
+            scaled = model.optimizer.scale_loss(part_loss)
+        new = _dense_grads(tape.gradient(scaled, variables), variables)
+        return i + 1, [g + n for g, n in zip(grads, new)]
+
+    _, grads = tf.while_loop(
+        lambda i, grads: i < chunks,
+        body,
+        (tf.constant(0), [tf.zeros_like(v) for v in variables]),
+        maximum_iterations=_CHUNKS,
+    )
+    trained = tf.cast(chunks * chunk, tf.float32) / tf.cast(batch, tf.float32)
+    return loss, y_pred, grads, row_masked, row_counted, trained
+
+
 def train_step(model, data):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
@@ -19,22 +135,36 @@ def train_step(model, data):
     if skipper is not None:
         x = dict(x)
         sample_ids = x.pop(skipper.id_key)
-    with tf.GradientTape() as tape:
-        y_pred = model(x, training=True)
-        # Divided by the number of replicas, like every Keras loss.
-        loss = model.compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+    passes = (model, x, y, sample_weight)
+    if model.skip_masked:
+        if replicas > 1:
+            raise ValueError(
+                "ASSpeed(skip_masked=True) trains on one device. Received a "
+                f"distribution strategy with {replicas} replicas."
+            )
+        # Scoring first costs a forward pass in inference mode; it pays off
+        # only when enough samples are masked (judged on the last batch).
+        import os
+        if os.environ.get("KAS_NOCOND"):
+            outputs = _compact_pass(*passes)
+        else:
+          outputs = tf.cond(
+            model._last_masked_ratio >= model.SKIP_FROM_MASKED_RATIO,
+            lambda: _compact_pass(*passes),
+            lambda: _plain_pass(*passes),
         )
-        model._loss_tracker.update_state(loss * replicas, sample_weight=_batch_size(x))
-        scaled_loss = model.optimizer.scale_loss(loss)
+    else:
+        outputs = _plain_pass(*passes)
+    loss, y_pred, grads, row_masked, row_counted, trained = outputs
+    model._loss_tracker.update_state(loss * replicas, sample_weight=_batch_size(x))
     variables = model.trainable_variables
-    grads = tape.gradient(scaled_loss, variables)
-    grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
-    row_masked, row_counted = masked_rows(model.loss, y, y_pred, sample_weight)
     if skipper is not None:
         skipper.record(sample_ids, row_masked, row_counted)
     masked = tf.reduce_sum(tf.cast(row_masked, "float32"))
     counted = tf.reduce_sum(tf.cast(row_counted, "float32"))
+    if model.skip_masked:
+        model._last_masked_ratio.assign(masked / tf.maximum(counted, 1.0))
+        model.backward_fraction_tracker.update_state(trained)
 
     context = tf.distribute.get_replica_context()
     if replicas > 1:

@@ -94,6 +94,19 @@ class ASSpeed(keras.Model):
             (TensorFlow only, not saved in the config): the train step
             records which samples were masked so that the skipper's dataset
             leaves them out of later epochs. An extension beyond the paper.
+        skip_masked: whether to spare the training forward and backward
+            passes of samples that are masked now (TensorFlow, one device;
+            an extension beyond the paper). Once the last micro-batch had at
+            least `SKIP_FROM_MASKED_RATIO` (1/2) of its rows masked, each
+            micro-batch is first scored by a forward pass in inference mode
+            (no dropout), and the training passes run only on the samples
+            with a nonzero loss, gathered into a batch of a quarter, half or
+            all of the micro-batch's size (one compiled branch each; none
+            when all are masked), each row weighted as in the whole batch's
+            loss. The training loss and metrics of such a step are those of
+            the scoring pass, and `fit`'s logs add `backward_fraction` (the
+            share of samples that went through the backward pass).
+            Defaults to `False`.
         **kwargs: passed to `keras.Model` (e.g. `name`).
 
     Example:
@@ -112,7 +125,13 @@ class ASSpeed(keras.Model):
         Softmax Variant" (section 3.3, eq. 19; Table 6 for lambda and s).
     """
 
-    def __init__(self, model, lam=0.5, max_steps=4, sample_skipper=None, **kwargs):
+    # skip_masked scores a micro-batch first only from this masked ratio on:
+    # the scoring pass costs about a quarter of a BERT training step.
+    SKIP_FROM_MASKED_RATIO = 0.5
+
+    def __init__(
+        self, model, lam=0.5, max_steps=4, sample_skipper=None, skip_masked=False, **kwargs
+    ):
         backend = keras.backend.backend()
         if backend not in SUPPORTED_BACKENDS:
             raise ValueError(
@@ -139,9 +158,17 @@ class ASSpeed(keras.Model):
                 "`sample_skipper` needs the tensorflow backend (it filters a "
                 f"tf.data pipeline). Received: the {backend!r} backend."
             )
+        if skip_masked and backend != "tensorflow":
+            raise ValueError(
+                "`skip_masked=True` needs the tensorflow backend (a compiled "
+                f"switch over batch sizes). Received: the {backend!r} backend."
+            )
         super().__init__(**kwargs)
         self.inner_model = model
         self.sample_skipper = sample_skipper
+        self.skip_masked = bool(skip_masked)
+        if self.skip_masked:
+            self.backward_fraction_tracker = keras.metrics.Mean(name="backward_fraction")
         self.lam = float(lam)
         self.max_steps = max_steps
         self.masked_ratio_tracker = MaskedRatio(name="masked_ratio")
@@ -184,6 +211,8 @@ class ASSpeed(keras.Model):
         self._window_batches = state("window_batches", "int32")
         self._window_all = state("window_rows", "float32")
         self._window_masked = state("window_masked_rows", "float32")
+        if self.skip_masked:
+            self._last_masked_ratio = state("last_masked_ratio", "float32")
         self._accumulators = [
             state(f"grad_accumulator_{i}", v.dtype, shape=v.shape)
             for i, v in enumerate(self.inner_model.trainable_variables)
@@ -309,6 +338,7 @@ class ASSpeed(keras.Model):
             model=keras.saving.serialize_keras_object(self.inner_model),
             lam=self.lam,
             max_steps=self.max_steps,
+            skip_masked=self.skip_masked,
         )
         return config
 

@@ -66,12 +66,15 @@ class Method:
     """A training method compared by the runner.
 
     Attributes:
-        name: `"softmax"`, `"as_softmax"`, `"as_speed"` or `"as_skip"`.
+        name: a `METHODS` key.
         as_loss: whether it trains with the AS-Softmax loss.
         as_speed: whether the model is wrapped in `ASSpeed`.
         description: one line for tables.
-        skip_masked: whether later epochs skip samples that were masked
-            when last seen (`MaskedSampleSkipper`; beyond the paper).
+        skip_masked: `ASSpeed(skip_masked=True)`: once half of a batch is
+            masked, score each batch first and train only on the samples
+            not masked now (beyond the paper).
+        skip_stale: whether later epochs leave out samples that were
+            masked when last seen (`MaskedSampleSkipper`; beyond the paper).
     """
 
     name: str
@@ -79,6 +82,7 @@ class Method:
     as_speed: bool
     description: str
     skip_masked: bool = False
+    skip_stale: bool = False
 
 
 METHODS = {
@@ -86,7 +90,12 @@ METHODS = {
     "as_softmax": Method("as_softmax", True, False, "AS-Softmax loss"),
     "as_speed": Method("as_speed", True, True, "AS-Softmax + adaptive accumulation"),
     "as_skip": Method(
-        "as_skip", True, True, "AS-Speed + skipping samples masked when last seen", True
+        "as_skip", True, True, "AS-Speed + training passes only on samples not masked now",
+        skip_masked=True,
+    ),
+    "as_skip_stale": Method(
+        "as_skip_stale", True, True, "AS-Speed + skipping samples masked when last seen",
+        skip_stale=True,
     ),
 }
 
@@ -499,6 +508,7 @@ class _Recorder(keras.callbacks.Callback):
         self.step = 0
         self.masked_ratio, self.accum_steps = [], []
         self.evals, self.epoch_times, self.epoch_batches = [], [], []
+        self.backward_fraction = []
         self.compile_time = 0.0
         self.train_time = 0.0  # cumulative, compile and evaluation excluded
         self._prev = (0.0, 0.0)
@@ -532,6 +542,8 @@ class _Recorder(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.epoch_times.append(self._epoch_time)
+        if logs and "backward_fraction" in logs:
+            self.backward_fraction.append(float(logs["backward_fraction"]))
         if not self.evals or self.evals[-1]["step"] != self.step:
             self._evaluate(epoch)
         if self.evals[-1]["epoch"] is None:
@@ -561,7 +573,7 @@ class RunResult:
         epoch_times: training seconds per epoch, compile and validation
             excluded.
         batches_per_epoch: training batches run in each epoch (fewer than
-            `steps_per_epoch` when `"as_skip"` skips masked samples).
+            `steps_per_epoch` when `"as_skip_stale"` skips masked samples).
         masked_ratio: per training batch, the fraction of counted rows whose
             AS-Softmax loss is exactly 0 (for softmax: that an
             `ASSoftmaxLoss(delta)` would mask).
@@ -571,6 +583,8 @@ class RunResult:
         val_metric, val_loss: at the end of training.
         test_metric, test_loss: at the end of training.
         test_margins: `probability_margins` on the test set.
+        backward_fraction: per epoch, the share of samples that went
+            through the training passes (`"as_skip"` only).
         model: the trained model (not printed).
     """
 
@@ -593,6 +607,7 @@ class RunResult:
     test_metric: float
     test_loss: float
     test_margins: np.ndarray = dataclasses.field(repr=False)
+    backward_fraction: list = dataclasses.field(default_factory=list)
     model: object = dataclasses.field(default=None, repr=False)
 
     @property
@@ -647,7 +662,7 @@ def run(
     """Fine-tunes one model with one method and measures it.
 
     Args:
-        method: `"softmax"`, `"as_softmax"` or `"as_speed"` (`METHODS`).
+        method: a `METHODS` key, e.g. `"softmax"`, `"as_softmax"`, `"as_speed"`.
         data: a `PreparedData` (see `prepare_data`).
         backbone: a `Backbone` (each run starts from its initial weights).
         seed: seeds the head's initialisation, dropout and shuffling.
@@ -658,7 +673,7 @@ def run(
         delta: AS-Softmax margin; defaults to `DEFAULT_DELTA[task]`. Also
             the margin of the masked ratio recorded for softmax.
         lam, max_steps: AS-Speed's lambda and cap `s` (Clinc: 0.5 / 5).
-        revisit: for `"as_skip"`, the probability that a sample masked at
+        revisit: for `"as_skip_stale"`, the probability that a sample masked at
             its last visit is trained on anyway. Defaults to `0.2`.
         warmup_ratio: if > 0, the AS methods train with `delta = 1` for
             this fraction of steps (`DeltaWarmup`).
@@ -683,10 +698,12 @@ def run(
     optimizer = keras.optimizers.AdamW(learning_rate=learning_rate, weight_decay=weight_decay)
     metrics = []
     skipper = None
-    if method.skip_masked:
+    if method.skip_stale:
         skipper = MaskedSampleSkipper(len(data.train[1]), revisit=revisit, seed=seed)
     if method.as_speed:
-        model = ASSpeed(model, lam=lam, max_steps=max_steps, sample_skipper=skipper)
+        model = ASSpeed(
+            model, lam=lam, max_steps=max_steps, sample_skipper=skipper, skip_masked=method.skip_masked
+        )
         model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
         tracker = model.masked_ratio_tracker
     else:
@@ -743,6 +760,7 @@ def run(
         test_metric=task_metric(task, y_test, test_logits, data.class_names),
         test_loss=_loss_value(loss, y_test, test_logits),
         test_margins=probability_margins(task, y_test, test_logits),
+        backward_fraction=recorder.backward_fraction,
         model=model if keep_model else None,
     )
 
@@ -776,7 +794,8 @@ def compare(results, baseline="softmax"):
     seconds until the run first reached the *baseline's best* validation
     metric of the same seed (`-` if never), the time ratio of that to the
     baseline's, the epoch-time ratio, the mean masked ratio over the last
-    epoch, and the Pearson correlation of validation loss and metric.
+    epoch, the share of the last epoch's samples that went through the
+    training forward and backward passes, and the Pearson correlation of validation loss and metric.
 
     Args:
         results: list of `RunResult`.
@@ -792,7 +811,8 @@ def compare(results, baseline="softmax"):
     metric = results[0].metric_name if results else "metric"
     header = [
         "method", "seeds", f"val {metric}", f"test {metric}", f"best val", "s/epoch",
-        "updates", "t->base best", "t ratio", "epoch ratio", "masked(last ep)", "pearson(loss,metric)",
+        "updates", "t->base best", "t ratio", "epoch ratio", "masked(last ep)", "trained(last ep)",
+        "pearson(loss,metric)",
     ]
     rows = []
     base_epoch = np.mean([r.time_per_epoch for r in base.values()]) if base else None
@@ -807,6 +827,12 @@ def compare(results, baseline="softmax"):
                 ratios.append(t / tb if t is not None and tb else None)
         masked = [float(np.nanmean(r.masked_ratio[-r.batches_per_epoch[-1]:])) for r in runs]
         pearson = [loss_metric_correlation(r) for r in runs]
+        # Share of the epoch's samples that went through the training passes.
+        trained = [
+            (r.backward_fraction[-1] if r.backward_fraction else 1.0)
+            * r.batches_per_epoch[-1] / r.steps_per_epoch
+            for r in runs
+        ]
         epoch = np.mean([r.time_per_epoch for r in runs])
         rows.append([
             name,
@@ -820,6 +846,7 @@ def compare(results, baseline="softmax"):
             ("-" if not ratios or any(t is None for t in ratios) else _fmt_stats(ratios, 1.0, 2)),
             (f"{epoch / base_epoch:.2f}" if base_epoch else "-"),
             _fmt_stats(masked, 100.0, 1) + "%",
+            _fmt_stats(trained, 100.0, 0) + "%",
             _fmt_stats(pearson, 1.0, 2),
         ])
     return _table(header, rows)
