@@ -16,17 +16,24 @@ the speed-up bound that follows (about 1.04x at s = 5 on 2 CPU cores).
 The masked ratio must also grow past ~2/3 before `lam = 0.5` accumulates
 anything. The numbers below are what was measured; no speed-up is assumed.
 
-`as_skip` is the next lever, beyond the paper: AS-Speed plus
-`keras_as_softmax.MaskedSampleSkipper`, which leaves samples that were
-masked when last seen (loss and gradient exactly 0) out of the next epochs,
-revisiting a `--revisit` fraction of them. It saves forward and backward
-work, not only optimizer steps; compare its test accuracy with the others'
-seed-to-seed spread before trusting it.
+Two levers beyond the paper skip forward and backward work, not only
+optimizer steps; compare their accuracy with the seed-to-seed spread before
+trusting them:
+
+* `as_skip`: `ASSpeed(skip_masked=True)`. Once half of a batch is masked,
+  each batch is scored by an inference-mode forward pass, and the training
+  passes run only on the samples not masked now, in quarter-batch chunks.
+  It runs as a TensorFlow graph without XLA (`jit_compile=False`): XLA on
+  CPU runs the loop around the model's passes several times slower.
+* `as_skip_stale`: AS-Speed plus `keras_as_softmax.MaskedSampleSkipper`,
+  which leaves samples that were masked when last seen out of the next
+  epochs, revisiting a `--revisit` fraction of them.
 
 Usage:
 
 ```
-python benchmarks/as_speed.py                   # 4 methods x 3 seeds, ~35 minutes on 2 cores
+python benchmarks/as_speed.py                   # 4 methods x 3 seeds, 3 epochs, ~35 minutes on 2 cores
+python benchmarks/as_speed.py --epochs 5 --methods softmax,as_speed,as_skip
 python benchmarks/as_speed.py --quick           # smoke run
 python benchmarks/as_speed.py --seeds 0,1,2,3,4 --epochs 3 --train-size 2048
 ```
@@ -56,7 +63,7 @@ def parse_args(argv=None):
     parser.add_argument("--delta", type=float, default=0.3)
     parser.add_argument("--preset", default="offline-minilm")
     parser.add_argument("--methods", default="softmax,as_softmax,as_speed,as_skip")
-    parser.add_argument("--revisit", type=float, default=0.2, help="as_skip: revisit probability")
+    parser.add_argument("--revisit", type=float, default=0.2, help="as_skip_stale: revisit probability")
     args = parser.parse_args(argv)
     quick = args.quick
     defaults = dict(seeds="0" if quick else "0,1,2", epochs=1 if quick else 3,

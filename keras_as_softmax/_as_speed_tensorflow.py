@@ -73,7 +73,8 @@ def _compact_pass(model, x, y, sample_weight):
     loss gives it, so the gradient is the micro-batch's AS-Softmax gradient
     without the masked samples' zeros, up to what dropout changes between
     the two passes. Rows masked by the scoring pass stay out even if the
-    training pass would not mask them.
+    training pass would not mask them. Regularization losses go with the
+    first chunk, so a micro-batch with every sample masked adds none.
     """
     y_pred = model(x, training=False)
     loss = model.compute_loss(
@@ -112,8 +113,8 @@ def _compact_pass(model, x, y, sample_weight):
             )
             part = slot_coefficients[i * chunk : (i + 1) * chunk]
             part_loss = tf.reduce_sum(part * values)
-            if model.losses:
-                part_loss += tf.add_n(model.losses)
+            if model.losses:  # regularization: once per micro-batch
+                part_loss += tf.cast(i == 0, part_loss.dtype) * tf.add_n(model.losses)
             scaled = model.optimizer.scale_loss(part_loss)
         new = _dense_grads(tape.gradient(scaled, variables), variables)
         return i + 1, [g + n for g, n in zip(grads, new)]
@@ -144,11 +145,7 @@ def train_step(model, data):
             )
         # Scoring first costs a forward pass in inference mode; it pays off
         # only when enough samples are masked (judged on the last batch).
-        import os
-        if os.environ.get("KAS_NOCOND"):
-            outputs = _compact_pass(*passes)
-        else:
-          outputs = tf.cond(
+        outputs = tf.cond(
             model._last_masked_ratio >= model.SKIP_FROM_MASKED_RATIO,
             lambda: _compact_pass(*passes),
             lambda: _plain_pass(*passes),

@@ -680,7 +680,9 @@ def run(
         evals_per_epoch: validation passes per epoch (more points for the
             loss-vs-metric correlation). Defaults to `1`.
         eval_batch_size: batch size of validation/test prediction.
-        jit_compile: defaults to `True` on TensorFlow, `"auto"` otherwise.
+        jit_compile: defaults to `True` on TensorFlow (`False` for
+            `"as_skip"`: XLA on CPU runs its loop slowly, see `ASSpeed`),
+            `"auto"` otherwise.
         verbose: 1 shows Keras's progress bar, 0 nothing.
         keep_model: keep the trained model in the result.
 
@@ -691,7 +693,7 @@ def run(
     task = data.task
     delta = DEFAULT_DELTA[task] if delta is None else delta
     if jit_compile is None:
-        jit_compile = True if keras.backend.backend() == "tensorflow" else "auto"
+        jit_compile = (not method.skip_masked) if keras.backend.backend() == "tensorflow" else "auto"
     keras.utils.set_random_seed(seed)
     model = build_classifier(task, data.num_classes, backbone)
     loss = make_loss(method, task, delta)

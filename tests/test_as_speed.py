@@ -331,6 +331,9 @@ def test_token_classification_counts_only_real_tokens():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="keras.Model"):
         kas.ASSpeed(keras.layers.Dense(3))
+    if BACKEND == "jax":
+        with pytest.raises(ValueError, match="tensorflow backend"):
+            kas.ASSpeed(make_model(), skip_masked=True)
     with pytest.raises(ValueError, match="lam"):
         kas.ASSpeed(make_model(), lam=0)
     with pytest.raises(ValueError, match="max_steps"):

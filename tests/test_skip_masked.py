@@ -94,14 +94,20 @@ def test_scores_first_only_once_enough_samples_are_masked():
     np.testing.assert_allclose(float(ops.convert_to_numpy(wrapped._last_masked_ratio)), 13 / 16)
 
 
-def test_eager_and_config(tmp_path):
+def test_graph_mode_and_config(tmp_path):
     x, y, weights = sentence_data(5)
-    eager, _ = one_step(x, y, weights, True, kas.ASSoftmaxLoss(0.3), jit_compile=False)
+    graph, _ = one_step(x, y, weights, True, kas.ASSoftmaxLoss(0.3), jit_compile=False)
     full, _ = one_step(x, y, weights, False, kas.ASSoftmaxLoss(0.3), jit_compile=False)
-    for a, b in zip(full.get_weights(), eager.get_weights()):
+    for a, b in zip(full.get_weights(), graph.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     wrapped = kas.ASSpeed(identity_model(), skip_masked=True)
-    wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
+    wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3), jit_compile=False)
     path = str(tmp_path / "skip.keras")
     wrapped.save(path)
     assert keras.saving.load_model(path).skip_masked is True
+
+
+def test_xla_on_cpu_warns():
+    wrapped = kas.ASSpeed(identity_model(), skip_masked=True)
+    with pytest.warns(UserWarning, match="jit_compile=False"):
+        wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3), jit_compile=True)
