@@ -256,17 +256,6 @@ class ASSpeed(keras.Model):
 
     # ------------------------------------------------------------- training
 
-    def compile(self, *args, **kwargs):
-        super().compile(*args, **kwargs)
-        if self.skip_masked and self.jit_compile and not _has_accelerator():
-            warnings.warn(
-                "ASSpeed(skip_masked=True) with jit_compile=True on CPU: XLA "
-                "runs the loop around the model's passes several times "
-                "slower than TensorFlow's own kernels. Compile with "
-                "jit_compile=False.",
-                stacklevel=2,
-            )
-
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         # Called by train and test steps on every backend (inside JAX's
         # stateless scope too), so `masked_ratio` is right in both. A train
@@ -302,6 +291,14 @@ class ASSpeed(keras.Model):
             return _as_speed_jax.train_step(self, *args)
         from keras_as_softmax import _as_speed_tensorflow
 
+        if self.skip_masked and self.jit_compile and not _has_accelerator():
+            warnings.warn(
+                "ASSpeed(skip_masked=True) with jit_compile=True on CPU: XLA "
+                "runs the loop around the model's passes several times "
+                "slower than TensorFlow's own kernels. Compile with "
+                "jit_compile=False.",
+                stacklevel=2,
+            )
         return _as_speed_tensorflow.train_step(self, *args)
 
     # ------------------------------------------------------ keras-hub inputs

@@ -104,10 +104,11 @@ def test_graph_mode_and_config(tmp_path):
     wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3), jit_compile=False)
     path = str(tmp_path / "skip.keras")
     wrapped.save(path)
-    assert keras.saving.load_model(path).skip_masked is True
+    loaded = keras.saving.load_model(path)
+    assert loaded.skip_masked is True and loaded.compiled
 
 
-def test_xla_on_cpu_warns():
-    wrapped = kas.ASSpeed(identity_model(), skip_masked=True)
+def test_xla_on_cpu_warns_when_training_starts():
+    x, y, weights = sentence_data(5)
     with pytest.warns(UserWarning, match="jit_compile=False"):
-        wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3), jit_compile=True)
+        one_step(x, y, weights, True, kas.ASSoftmaxLoss(0.3), jit_compile=True)
