@@ -171,8 +171,8 @@ class ASSpeed(keras.Model):
             )
         if skip_masked and backend != "tensorflow":
             raise ValueError(
-                "`skip_masked=True` needs the tensorflow backend (a compiled "
-                f"switch over batch sizes). Received: the {backend!r} backend."
+                "`skip_masked=True` needs the tensorflow backend (a loop over "
+                f"chunks of the batch). Received: the {backend!r} backend."
             )
         super().__init__(**kwargs)
         self.inner_model = model
