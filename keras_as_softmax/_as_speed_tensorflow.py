@@ -38,20 +38,17 @@ def _plain_pass(model, x, y, sample_weight):
     return loss, y_pred, grads, row_masked, row_counted, tf.constant(1.0)
 
 
-def _row_coefficients(loss, y, y_pred, sample_weight):
+def _row_coefficients(loss, y, y_pred, sample_weight, rows):
     """`d loss(y, y_pred, sample_weight) / d values`, one per row.
 
     Every Keras reduction is linear in the per-row values that `loss.call`
     returns, so these coefficients turn per-row values into the batch's loss
     exactly (sample weights, `ignore_class` rescaling, the mean's
     denominator) for any `keras.losses.Loss`. They are read off a copy of
-    the loss whose `call` returns a probe.
+    the loss whose `call` returns a probe shaped like `rows` (a per-row
+    tensor the caller already has), so the loss itself is not run again.
     """
-    values = loss.call(
-        ops.convert_to_tensor(y, dtype=loss.dtype),
-        ops.convert_to_tensor(y_pred, dtype=loss.dtype),
-    )
-    probe = tf.zeros_like(values)
+    probe = tf.zeros(tf.shape(rows), loss.dtype)
     # A shallow copy (`copy.copy` would go through the loss's config).
     linear = object.__new__(type(loss))
     linear.__dict__.update(loss.__dict__)
@@ -82,7 +79,7 @@ def _compact_pass(model, x, y, sample_weight):
     )
     row_masked, row_counted = masked_rows(model.loss, y, y_pred, sample_weight)
     trains = tf.logical_and(row_counted, tf.logical_not(row_masked))
-    coefficients = _row_coefficients(model.loss, y, y_pred, sample_weight)
+    coefficients = _row_coefficients(model.loss, y, y_pred, sample_weight, trains)
     coefficients *= tf.cast(trains, coefficients.dtype)
     axes = list(range(1, len(trains.shape)))
     needed = tf.reduce_any(trains, axis=axes) if axes else trains
