@@ -59,19 +59,44 @@ def _row_coefficients(loss, y, y_pred, sample_weight, rows):
     return tape.gradient(total, probe)
 
 
+def _unmasked_pass(model, x, y, index, row_weights, regularize):
+    """Training forward and backward passes on the samples `index` only,
+    their per-row loss values weighted by `row_weights` (0 for the padding
+    of a chunk). Adds the regularization losses when `regularize` is
+    true."""
+    take = lambda t: None if t is None else tf.gather(t, index)  # noqa: E731
+    variables = model.trainable_variables
+    dtype = model.loss.dtype
+    with tf.GradientTape() as tape:
+        values = model.loss.call(
+            ops.convert_to_tensor(take(y), dtype=dtype),
+            ops.convert_to_tensor(
+                model(tf.nest.map_structure(take, x), training=True), dtype=dtype
+            ),
+        )
+        loss = tf.reduce_sum(row_weights * values)
+        if model.losses:  # regularization: once per micro-batch
+            loss += tf.cast(regularize, loss.dtype) * tf.add_n(model.losses)
+        scaled = model.optimizer.scale_loss(loss)
+    return _dense_grads(tape.gradient(scaled, variables), variables)
+
+
 def _compact_pass(model, x, y, sample_weight):
     """Scores the micro-batch in inference mode, then runs the training
     forward and backward passes only on the samples it did not mask.
 
-    Those samples are gathered, in order, into chunks of a quarter of the
-    micro-batch, and a compiled loop runs the passes chunk by chunk (none
-    when every sample is masked; one copy of the model in the program).
+    As a TensorFlow graph, those samples are gathered, in order, into one
+    batch of their own size (none when every sample is masked). Under XLA,
+    which needs static shapes, they go in chunks of a quarter of the
+    micro-batch through a compiled loop (one copy of the model in the
+    program), the last chunk padded with rows of weight 0.
+
     Each row is weighted by the coefficient that the whole micro-batch's
     loss gives it, so the gradient is the micro-batch's AS-Softmax gradient
     without the masked samples' zeros, up to what dropout changes between
     the two passes. Rows masked by the scoring pass stay out even if the
-    training pass would not mask them. Regularization losses go with the
-    first chunk, so a micro-batch with every sample masked adds none.
+    training pass would not mask them. Regularization losses are added
+    once, so a micro-batch with every sample masked adds none.
     """
     y_pred = model(x, training=False)
     loss = model.compute_loss(
@@ -85,9 +110,24 @@ def _compact_pass(model, x, y, sample_weight):
     needed = tf.reduce_any(trains, axis=axes) if axes else trains
     count = tf.reduce_sum(tf.cast(needed, tf.int32))
     batch = _batch_size(x)
+    variables = model.trainable_variables
+    no_grads = lambda: [tf.zeros_like(v) for v in variables]  # noqa: E731
+
+    if not model.jit_compile:
+        index = tf.reshape(tf.where(needed), [-1])
+        grads = tf.cond(
+            count > 0,
+            lambda: _unmasked_pass(
+                model, x, y, index, tf.gather(coefficients, index), True
+            ),
+            no_grads,
+        )
+        trained = tf.cast(count, tf.float32) / tf.cast(batch, tf.float32)
+        return loss, y_pred, grads, row_masked, row_counted, trained
+
     chunk = (batch + _CHUNKS - 1) // _CHUNKS
     # The samples to train on first, in their original order, padded to four
-    # chunks; slots past `count` get weight 0.
+    # chunks; padding slots (past `count`) repeat sample 0 with coefficient 0.
     order = tf.argsort(tf.cast(tf.logical_not(needed), tf.int32), stable=True)
     order = tf.concat([order, tf.zeros([_CHUNKS * chunk - batch], order.dtype)], 0)
     slot_weight = tf.cast(tf.range(_CHUNKS * chunk) < count, coefficients.dtype)
@@ -95,31 +135,16 @@ def _compact_pass(model, x, y, sample_weight):
         slot_weight, [-1] + [1] * len(axes)
     )
     chunks = (count + chunk - 1) // chunk
-    variables = model.trainable_variables
-    dtype = model.loss.dtype
 
     def body(i, grads):
-        index = order[i * chunk : (i + 1) * chunk]
-        take = lambda t: None if t is None else tf.gather(t, index)  # noqa: E731
-        with tf.GradientTape() as tape:
-            values = model.loss.call(
-                ops.convert_to_tensor(take(y), dtype=dtype),
-                ops.convert_to_tensor(
-                    model(tf.nest.map_structure(take, x), training=True), dtype=dtype
-                ),
-            )
-            part = slot_coefficients[i * chunk : (i + 1) * chunk]
-            part_loss = tf.reduce_sum(part * values)
-            if model.losses:  # regularization: once per micro-batch
-                part_loss += tf.cast(i == 0, part_loss.dtype) * tf.add_n(model.losses)
-            scaled = model.optimizer.scale_loss(part_loss)
-        new = _dense_grads(tape.gradient(scaled, variables), variables)
+        part = slice(i * chunk, (i + 1) * chunk)
+        new = _unmasked_pass(
+            model, x, y, order[part], slot_coefficients[part], i == 0
+        )
         return i + 1, [g + n for g, n in zip(grads, new)]
 
     _, grads = tf.while_loop(
-        lambda i, grads: i < chunks,
-        body,
-        (tf.constant(0), [tf.zeros_like(v) for v in variables]),
+        lambda i, grads: i < chunks, body, (tf.constant(0), no_grads()),
         maximum_iterations=_CHUNKS,
     )
     trained = tf.cast(chunks * chunk, tf.float32) / tf.cast(batch, tf.float32)
