@@ -22,9 +22,10 @@ trusting them:
 
 * `as_skip`: `ASSpeed(skip_masked=True)`. Once half of a batch is masked,
   each batch is scored by an inference-mode forward pass, and the training
-  passes run only on the samples not masked now, in quarter-batch chunks.
-  It runs as a TensorFlow graph without XLA (`jit_compile=False`): XLA on
-  CPU runs the loop around the model's passes several times slower.
+  passes run only on the samples not masked now, gathered into one batch
+  of their own size. It runs as a TensorFlow graph without XLA
+  (`jit_compile=False`): XLA needs static shapes, and its chunked loop runs
+  several times slower on CPU.
 * `as_skip_stale`: AS-Speed plus `keras_as_softmax.MaskedSampleSkipper`,
   which leaves samples that were masked when last seen out of the next
   epochs, revisiting a `--revisit` fraction of them.

@@ -108,16 +108,18 @@ class ASSpeed(keras.Model):
             least `SKIP_FROM_MASKED_RATIO` (1/2) of its rows masked, each
             micro-batch is first scored by a forward pass in inference mode
             (no dropout), and the training passes run only on the samples
-            with a nonzero loss, in chunks of a quarter of the micro-batch
-            (none when all are masked), each row weighted as in the whole
-            batch's loss. The training loss and metrics of such a step are
-            those of the scoring pass, and `fit`'s logs add
-            `backward_fraction` (the share of samples that went through the
-            training passes). On CPU, compile with `jit_compile=False`: XLA
-            runs the loop around the model's passes several times slower
-            than TensorFlow's own kernels (measured: 0.8 s instead of 0.26 s
-            per MiniLM step, even on steps that do not score). Defaults to
-            `False`.
+            with a nonzero loss (none when all are masked), each row
+            weighted as in the whole batch's loss. Compiled as a TensorFlow
+            graph (`jit_compile=False`, Keras's default on CPU) those
+            samples form one batch of their own size; under XLA, which
+            needs static shapes, they go through a loop in chunks of a
+            quarter of the micro-batch, and on CPU XLA runs that loop
+            several times slower than TensorFlow's own kernels (measured:
+            0.8 s instead of 0.26 s per MiniLM step, even on steps that do
+            not score), so prefer `jit_compile=False` there. The training
+            loss and metrics of such a step are those of the scoring pass,
+            and `fit`'s logs add `backward_fraction` (the share of samples
+            that went through the training passes). Defaults to `False`.
         **kwargs: passed to `keras.Model` (e.g. `name`).
 
     Example:
@@ -171,8 +173,8 @@ class ASSpeed(keras.Model):
             )
         if skip_masked and backend != "tensorflow":
             raise ValueError(
-                "`skip_masked=True` needs the tensorflow backend (a loop over "
-                f"chunks of the batch). Received: the {backend!r} backend."
+                "`skip_masked=True` needs the tensorflow backend (a batch of "
+                f"data-dependent size). Received: the {backend!r} backend."
             )
         super().__init__(**kwargs)
         self.inner_model = model
