@@ -795,7 +795,8 @@ def compare(results, baseline="softmax"):
     seconds per epoch (compile excluded), optimizer updates, the training
     seconds until the run first reached the *baseline's best* validation
     metric of the same seed (`-` if never), the time ratio of that to the
-    baseline's, the epoch-time ratio, the mean masked ratio over the last
+    baseline's, the epoch-time ratio (all epochs, then the last epoch
+    alone: where masking has set in), the mean masked ratio over the last
     epoch, the share of the last epoch's samples that went through the
     training forward and backward passes, and the Pearson correlation of validation loss and metric.
 
@@ -813,11 +814,12 @@ def compare(results, baseline="softmax"):
     metric = results[0].metric_name if results else "metric"
     header = [
         "method", "seeds", f"val {metric}", f"test {metric}", f"best val", "s/epoch",
-        "updates", "t->base best", "t ratio", "epoch ratio", "masked(last ep)", "trained(last ep)",
+        "updates", "t->base best", "t ratio", "epoch ratio", "last-ep ratio", "masked(last ep)", "trained(last ep)",
         "pearson(loss,metric)",
     ]
     rows = []
     base_epoch = np.mean([r.time_per_epoch for r in base.values()]) if base else None
+    base_last = np.mean([r.epoch_times[-1] for r in base.values()]) if base else None
     for name, runs in by_method.items():
         reach, ratios = [], []
         for r in runs:
@@ -847,6 +849,7 @@ def compare(results, baseline="softmax"):
             ("-" if not reach or any(t is None for t in reach) else _fmt_stats(reach, 1.0, 1)),
             ("-" if not ratios or any(t is None for t in ratios) else _fmt_stats(ratios, 1.0, 2)),
             (f"{epoch / base_epoch:.2f}" if base_epoch else "-"),
+            (f"{np.mean([r.epoch_times[-1] for r in runs]) / base_last:.2f}" if base_last else "-"),
             _fmt_stats(masked, 100.0, 1) + "%",
             _fmt_stats(trained, 100.0, 0) + "%",
             _fmt_stats(pearson, 1.0, 2),
