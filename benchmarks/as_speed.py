@@ -118,6 +118,7 @@ def main(argv=None):
                 f"{r.time_per_epoch:6.1f}s/epoch compile {r.compile_time:4.0f}s "
                 f"updates {r.optimizer_updates}/{r.steps_per_epoch * r.epochs}{accum} "
                 f"batches/epoch {r.batches_per_epoch} "
+                f"s/epoch {[round(t, 1) for t in r.epoch_times]} "
                 f"[{time.perf_counter() - t:.0f}s]",
                 flush=True,
             )
