@@ -10,11 +10,15 @@ the bound that follows:
     speed-up <= 1 / (1 - update_share * (1 - 1/s))
 
 It also times the forward and backward pass at a half and a quarter of the
-batch: the cost of a lever that trains only on part of a batch.
+batch: the cost of a lever that trains only on part of a batch. Then it
+times that lever, `ASSpeed(skip_masked=True)`, as `fit` runs it: whole
+train steps (`train_on_batch`, a TensorFlow graph) on batches with 0, 1/2,
+3/4, 7/8 and all of the samples masked, against the plain step.
 
 Run from the repository root:
 
     python benchmarks/step_cost.py                # batch 32, length 32, 15 rounds
+    python benchmarks/step_cost.py --no-skip      # only the parts of a step
     python benchmarks/step_cost.py --quick        # smoke run
 
 Every part is compiled first, then timed in interleaved rounds; medians are
