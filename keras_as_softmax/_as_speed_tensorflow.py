@@ -127,7 +127,8 @@ def _compact_pass(model, x, y, sample_weight):
 
     chunk = (batch + _CHUNKS - 1) // _CHUNKS
     # The samples to train on first, in their original order, padded to four
-    # chunks; padding slots (past `count`) repeat sample 0 with coefficient 0.
+    # chunks; slots past `count` (masked samples, then sample 0 as padding)
+    # get coefficient 0.
     order = tf.argsort(tf.cast(tf.logical_not(needed), tf.int32), stable=True)
     order = tf.concat([order, tf.zeros([_CHUNKS * chunk - batch], order.dtype)], 0)
     slot_weight = tf.cast(tf.range(_CHUNKS * chunk) < count, coefficients.dtype)
