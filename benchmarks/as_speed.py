@@ -21,7 +21,7 @@ optimizer steps; compare their accuracy with the seed-to-seed spread before
 trusting them:
 
 * `as_skip`: `ASSpeed(skip_masked=True)`. Once half of a batch is masked,
-  each batch is scored by an inference-mode forward pass, and the training
+  each batch is scored by a forward pass (training mode), and the training
   passes run only on the samples not masked now, gathered into one batch
   of their own size. It runs as a TensorFlow graph without XLA
   (`jit_compile=False`): XLA needs static shapes, and its chunked loop runs

@@ -81,8 +81,27 @@ def _unmasked_pass(model, x, y, index, row_weights, regularize):
     return _dense_grads(tape.gradient(scaled, variables), variables)
 
 
+def _score(model, x):
+    """The scoring forward pass: in training mode, so that a sample is
+    masked or not under dropout, as the plain step would find it. Layers'
+    training-time state that the pass changes (`BatchNormalization`'s
+    moving statistics) is put back afterwards: it follows the training
+    passes only. Dropout's seed state is left to advance."""
+    state = [
+        v for v in model.inner_model.non_trainable_variables
+        if not v.path.endswith("seed_generator_state")
+    ]
+    saved = [tf.identity(v.value) for v in state]
+    with tf.control_dependencies(saved):
+        y_pred = model(x, training=True)
+    with tf.control_dependencies(tf.nest.flatten(y_pred)):
+        for v, value in zip(state, saved):
+            v.assign(value)
+    return y_pred
+
+
 def _compact_pass(model, x, y, sample_weight):
-    """Scores the micro-batch in inference mode, then runs the training
+    """Scores the micro-batch with a forward pass, then runs the training
     forward and backward passes only on the samples it did not mask.
 
     As a TensorFlow graph, those samples are gathered, in order, into one
@@ -98,7 +117,7 @@ def _compact_pass(model, x, y, sample_weight):
     training pass would not mask them. Regularization losses are added
     once, so a micro-batch with every sample masked adds none.
     """
-    y_pred = model(x, training=False)
+    y_pred = _score(model, x)
     loss = model.compute_loss(
         x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
     )
@@ -166,7 +185,7 @@ def train_step(model, data):
                 "ASSpeed(skip_masked=True) trains on one device. Received a "
                 f"distribution strategy with {replicas} replicas."
             )
-        # Scoring first costs a forward pass in inference mode; it pays off
+        # Scoring first costs a forward pass; it pays off
         # only when enough samples are masked (judged on the last batch).
         outputs = tf.cond(
             model._last_masked_ratio >= model.SKIP_FROM_MASKED_RATIO,

@@ -106,8 +106,10 @@ class ASSpeed(keras.Model):
             passes of samples that are masked now (TensorFlow, one device;
             an extension beyond the paper). Once the last micro-batch had at
             least `SKIP_FROM_MASKED_RATIO` (1/2) of its rows masked, each
-            micro-batch is first scored by a forward pass in inference mode
-            (no dropout), and the training passes run only on the samples
+            micro-batch is first scored by a forward pass in training mode
+            (dropout decides which samples are masked, as in a plain step;
+            moving statistics such as `BatchNormalization`'s are put back
+            after it), and the training passes run only on the samples
             with a nonzero loss (none when all are masked), each row
             weighted as in the whole batch's loss. Compiled as a TensorFlow
             graph (`jit_compile=False`, Keras's default on CPU) those

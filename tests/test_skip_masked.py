@@ -117,3 +117,27 @@ def test_xla_on_cpu_warns_when_training_starts():
     x, y, weights = sentence_data(5)
     with pytest.warns(UserWarning, match="jit_compile=False"):
         one_step(x, y, weights, True, kas.ASSoftmaxLoss(0.3), jit_compile=True)
+
+
+@pytest.mark.parametrize("jit_compile", [True, False], ids=["xla_chunks", "graph_gather"])
+def test_batch_norm_statistics_follow_the_training_passes_only(jit_compile):
+    """The scoring pass runs in training mode (dropout on) but puts back the
+    moving statistics it changed: as a graph they see the unmasked samples
+    once. (Under XLA they see each chunk, padding rows included.)"""
+    for unmasked in (0,) if jit_compile else (0, 5):
+        x, y, weights = sentence_data(unmasked)
+        inputs = keras.Input((NUM_CLASSES,))
+        norm = keras.layers.BatchNormalization(momentum=0.5)
+        logits = keras.layers.Dense(NUM_CLASSES, kernel_initializer="identity")(inputs)
+        # The statistics are updated, the logits (hence the masks) unchanged.
+        outputs = logits + 0.0 * norm(inputs)
+        model = keras.Model(inputs, outputs)
+        wrapped = kas.ASSpeed(model, max_steps=1, skip_masked=True)
+        wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3), jit_compile=jit_compile)
+        wrapped._last_masked_ratio.assign(1.0)
+        wrapped.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+        loss = kas.ASSoftmaxLoss(0.3, reduction=None)
+        trained = ops.convert_to_numpy(loss(y, x)) > 0
+        assert trained.sum() == unmasked
+        expected = 0.5 * x[trained].mean(axis=0) if unmasked else np.zeros(NUM_CLASSES)
+        np.testing.assert_allclose(ops.convert_to_numpy(norm.moving_mean), expected, rtol=1e-5, atol=1e-6)
