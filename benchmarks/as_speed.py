@@ -113,12 +113,17 @@ def main(argv=None):
             )
             results.append(r)
             accum = f" accum_steps={r.accum_steps[-1]}" if r.accum_steps else ""
+            slowest = ""
+            if r.step_times:
+                epoch, batch, seconds = max(r.step_times, key=lambda step: step[2])
+                slowest = f"slowest step {seconds:.1f}s (epoch {epoch}, batch {batch}) "
             print(
                 f"seed {seed} {method:10s} val {100 * r.val_metric:6.2f} test {100 * r.test_metric:6.2f} "
                 f"{r.time_per_epoch:6.1f}s/epoch compile {r.compile_time:4.0f}s "
                 f"updates {r.optimizer_updates}/{r.steps_per_epoch * r.epochs}{accum} "
                 f"batches/epoch {r.batches_per_epoch} "
                 f"s/epoch {[round(t, 1) for t in r.epoch_times]} "
+                f"{slowest}"
                 f"[{time.perf_counter() - t:.0f}s]",
                 flush=True,
             )

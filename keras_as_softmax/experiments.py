@@ -509,6 +509,7 @@ class _Recorder(keras.callbacks.Callback):
         self.masked_ratio, self.accum_steps = [], []
         self.evals, self.epoch_times, self.epoch_batches = [], [], []
         self.backward_fraction = []
+        self.step_times = []  # (epoch, batch, seconds), the first step left out
         self.compile_time = 0.0
         self.train_time = 0.0  # cumulative, compile and evaluation excluded
         self._prev = (0.0, 0.0)
@@ -529,6 +530,7 @@ class _Recorder(keras.callbacks.Callback):
         else:
             self._epoch_time += elapsed
             self.train_time += elapsed
+            self.step_times.append((len(self.epoch_batches), batch, elapsed))
         self.step += 1
         self.epoch_batches[-1] += 1
         dm, dc = masked - self._prev[0], counted - self._prev[1]
@@ -585,6 +587,8 @@ class RunResult:
         test_margins: `probability_margins` on the test set.
         backward_fraction: per epoch, the share of samples that went
             through the training passes (`"as_skip"` only).
+        step_times: `(epoch, batch, seconds)` of every training step but
+            the first (epochs counted from 1).
         model: the trained model (not printed).
     """
 
@@ -608,6 +612,7 @@ class RunResult:
     test_loss: float
     test_margins: np.ndarray = dataclasses.field(repr=False)
     backward_fraction: list = dataclasses.field(default_factory=list)
+    step_times: list = dataclasses.field(default_factory=list, repr=False)
     model: object = dataclasses.field(default=None, repr=False)
 
     @property
@@ -764,6 +769,7 @@ def run(
         test_loss=_loss_value(loss, y_test, test_logits),
         test_margins=probability_margins(task, y_test, test_logits),
         backward_fraction=recorder.backward_fraction,
+        step_times=recorder.step_times,
         model=model if keep_model else None,
     )
 
