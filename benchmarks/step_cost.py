@@ -203,9 +203,9 @@ def skip_masked_steps(model, data, repeats):
             w._last_masked_ratio.assign(1.0)  # score every batch
         return w.train_on_batch(x, tf.constant(y.astype("int32")), return_dict=True)
 
-    for name in names:  # compile, warm up, and check the masked share
+    for name in names:  # compile, then one warm-up call
         run(name)
-        logs = run(name)
+        run(name)
     times = {name: [] for name in names}
     shares = {name: [] for name in names}
     measured = {name: [] for name in names}

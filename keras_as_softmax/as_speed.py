@@ -117,9 +117,8 @@ class ASSpeed(keras.Model):
             needs static shapes, they go through a loop in chunks of a
             quarter of the micro-batch (moving statistics then see each
             chunk, its padding rows included), and on CPU XLA runs that loop
-            several times slower than TensorFlow's own kernels (measured:
-            0.8 s instead of 0.26 s per MiniLM step, even on steps that do
-            not score), so prefer `jit_compile=False` there. The training
+            several times slower than TensorFlow's own kernels (even on
+            steps that do not score), so prefer `jit_compile=False` there. The training
             loss and metrics of such a step are those of the scoring pass,
             and `fit`'s logs add `backward_fraction` (the share of samples
             that went through the training passes). Defaults to `False`.
