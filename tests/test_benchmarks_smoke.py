@@ -38,7 +38,7 @@ def test_loss_speed_quick_runs_and_prints_table():
     assert header, out
     for column in ("ours ms", "base ms", "time x", "peak MiB ours", "mem x"):
         assert column in header[0], out
-    for name in ("AS-Softmax vs SCCE ", "AS-Softmax vs SCCE tok", "ML AS-Softmax vs MLCCE"):
+    for name in ("AS-Softmax vs SCCE ", "AS-Softmax vs SCCE tok", "ML AS-Softmax vs MLCCE", "ML AS fn, fixed delta"):
         assert name in out, out
     assert "Targets: time x <= 1.10" in out, out
 
