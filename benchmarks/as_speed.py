@@ -64,6 +64,11 @@ def parse_args(argv=None):
     parser.add_argument("--lam", type=float, default=0.5)
     parser.add_argument("--max-steps", type=int, default=5)
     parser.add_argument("--delta", type=float, default=0.3)
+    parser.add_argument(
+        "--warmup-ratio", type=float, default=0.0,
+        help="AS methods train with delta = 1 for this fraction of the steps "
+        "(keras_as_softmax.DeltaWarmup; the paper's r)",
+    )
     parser.add_argument("--preset", default="offline-minilm")
     parser.add_argument("--methods", default="softmax,as_softmax,as_speed,as_skip")
     parser.add_argument("--revisit", type=float, default=0.2, help="as_skip_stale: revisit probability")
@@ -98,7 +103,8 @@ def main(argv=None):
     print(
         f"{prepared}; preset {args.preset}, sequence length {args.sequence_length}, "
         f"batch {args.batch_size}, {args.epochs} epochs, seeds {args.seeds}, "
-        f"lam {args.lam}, s {args.max_steps}, delta {args.delta}, backend {keras.backend.backend()}",
+        f"lam {args.lam}, s {args.max_steps}, delta {args.delta}, "
+        f"warm-up ratio {args.warmup_ratio}, backend {keras.backend.backend()}",
         flush=True,
     )
     results = []
@@ -109,6 +115,7 @@ def main(argv=None):
                 method, prepared, backbone, seed=seed, epochs=args.epochs,
                 batch_size=args.batch_size, learning_rate=args.learning_rate,
                 delta=args.delta, lam=args.lam, max_steps=args.max_steps,
+                warmup_ratio=args.warmup_ratio,
                 revisit=args.revisit, evals_per_epoch=2, verbose=0,
             )
             results.append(r)
