@@ -29,6 +29,9 @@ trusting them:
 * `as_skip_stale`: AS-Speed plus `keras_as_softmax.MaskedSampleSkipper`,
   which leaves samples that were masked when last seen out of the next
   epochs, revisiting a `--revisit` fraction of them.
+* `as_skip_hybrid`: both at once. Samples masked when last seen stay out
+  of the epoch (a `--revisit` fraction comes back), which also spares their
+  scoring pass; the batches left are scored and trained like `as_skip`'s.
 
 Usage:
 
@@ -71,7 +74,9 @@ def parse_args(argv=None):
     )
     parser.add_argument("--preset", default="offline-minilm")
     parser.add_argument("--methods", default="softmax,as_softmax,as_speed,as_skip")
-    parser.add_argument("--revisit", type=float, default=0.2, help="as_skip_stale: revisit probability")
+    parser.add_argument(
+        "--revisit", type=float, default=0.2, help="as_skip_stale, as_skip_hybrid: revisit probability"
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     defaults = dict(seeds="0" if quick else "0,1,2", epochs=1 if quick else 3,

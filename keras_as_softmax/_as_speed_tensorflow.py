@@ -8,6 +8,33 @@ from keras_as_softmax.as_speed import next_accumulation_steps
 from keras_as_softmax.metrics import masked_rows
 
 
+def is_multi_worker(strategy):
+    """Whether `strategy` is a `MultiWorkerMirroredStrategy` spanning
+    several workers."""
+    return isinstance(
+        strategy, tf.distribute.MultiWorkerMirroredStrategy
+    ) and strategy.extended._in_multi_worker_mode()
+
+
+def local_batch(iterator, strategy):
+    """The first batch of a Keras `TFEpochIterator`, as the first local
+    replica sees it.
+
+    Keras 3.15's `fit` builds the model from a probe batch that it averages
+    over replicas with `strategy.reduce`, which `MultiWorkerMirroredStrategy`
+    cannot do eagerly (keras-team/keras#20585); the probe only needs
+    shapes, which one replica's batch has.
+    """
+    for _, _, it in iterator:
+        return tf.nest.map_structure(
+            lambda v: strategy.experimental_local_results(v)[0]
+            if isinstance(v, tf.distribute.DistributedValues)
+            else v,
+            next(it),
+        )
+    return None
+
+
 def _batch_size(x):
     return tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
 
@@ -261,4 +288,8 @@ def train_step(model, data):
         lambda: model.compute_metrics(x, y, y_pred, sample_weight=sample_weight),
     )
     logs["accum_steps"] = tf.convert_to_tensor(model._accum_steps)
+    if is_multi_worker(tf.distribute.get_strategy()):
+        # Keras 3.15 averages the logs over workers along axis 0, which a
+        # scalar lacks (keras-team/keras#20585): give them one.
+        logs = {name: tf.reshape(value, [1]) for name, value in logs.items()}
     return logs

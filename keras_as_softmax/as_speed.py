@@ -306,6 +306,15 @@ class ASSpeed(keras.Model):
             )
         return _as_speed_tensorflow.train_step(self, *args)
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Called by Keras's TensorFlow trainer only.
+        from keras_as_softmax import _as_speed_tensorflow
+
+        if iterator is not None and _as_speed_tensorflow.is_multi_worker(self.distribute_strategy):
+            data_batch = _as_speed_tensorflow.local_batch(iterator, self.distribute_strategy)
+            iterator = None
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
     # ------------------------------------------------------ keras-hub inputs
 
     def _with_preprocessor(self, x, y, sample_weight, batch_size):

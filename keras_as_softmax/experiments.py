@@ -97,6 +97,11 @@ METHODS = {
         "as_skip_stale", True, True, "AS-Speed + skipping samples masked when last seen",
         skip_stale=True,
     ),
+    "as_skip_hybrid": Method(
+        "as_skip_hybrid", True, True,
+        "as_skip on the samples not masked when last seen (plus a revisited fraction)",
+        skip_masked=True, skip_stale=True,
+    ),
 }
 
 
@@ -575,7 +580,8 @@ class RunResult:
         epoch_times: training seconds per epoch, compile and validation
             excluded.
         batches_per_epoch: training batches run in each epoch (fewer than
-            `steps_per_epoch` when `"as_skip_stale"` skips masked samples).
+            `steps_per_epoch` when `"as_skip_stale"` or `"as_skip_hybrid"`
+            skips masked samples).
         masked_ratio: per training batch, the fraction of counted rows whose
             AS-Softmax loss is exactly 0 (for softmax: that an
             `ASSoftmaxLoss(delta)` would mask).
@@ -586,7 +592,7 @@ class RunResult:
         test_metric, test_loss: at the end of training.
         test_margins: `probability_margins` on the test set.
         backward_fraction: per epoch, the share of samples that went
-            through the training passes (`"as_skip"` only).
+            through the training passes (`"as_skip"`, `"as_skip_hybrid"`).
         step_times: `(epoch, batch, seconds)` of every training step but
             the first (epochs counted from 1).
         model: the trained model (not printed).
@@ -678,15 +684,16 @@ def run(
         delta: AS-Softmax margin; defaults to `DEFAULT_DELTA[task]`. Also
             the margin of the masked ratio recorded for softmax.
         lam, max_steps: AS-Speed's lambda and cap `s` (Clinc: 0.5 / 5).
-        revisit: for `"as_skip_stale"`, the probability that a sample masked at
-            its last visit is trained on anyway. Defaults to `0.2`.
+        revisit: for `"as_skip_stale"` and `"as_skip_hybrid"`, the
+            probability that a sample masked at its last visit is trained
+            on anyway. Defaults to `0.2`.
         warmup_ratio: if > 0, the AS methods train with `delta = 1` for
             this fraction of steps (`DeltaWarmup`).
         evals_per_epoch: validation passes per epoch (more points for the
             loss-vs-metric correlation). Defaults to `1`.
         eval_batch_size: batch size of validation/test prediction.
         jit_compile: defaults to `True` on TensorFlow (`False` for
-            `"as_skip"`, which gathers the samples to train on into a
+            `"as_skip"` and `"as_skip_hybrid"`, which gather the samples to train on into a
             batch of their own size, a graph-only shape; see `ASSpeed`),
             `"auto"` otherwise.
         verbose: 1 shows Keras's progress bar, 0 nothing.

@@ -446,3 +446,96 @@ def test_mirrored_strategy_matches_single_device():
     assert len(set(result["per_replica"])) == 1
     assert result["updates"][0] == result["updates"][1] < 36
     np.testing.assert_allclose(result["masked"][0], result["masked"][1])
+
+
+# One process of a two-worker MultiWorkerMirroredStrategy cluster on
+# 127.0.0.1 (argv: worker index and the two ports), or the single-device
+# reference (argv: "single"). Global batch 8: each worker trains on 4.
+MULTI_WORKER_SCRIPT = """
+import json, os, sys
+if sys.argv[1] != "single":
+    os.environ["TF_CONFIG"] = json.dumps({
+        "cluster": {"worker": [f"127.0.0.1:{p}" for p in sys.argv[2].split(",")]},
+        "task": {"type": "worker", "index": int(sys.argv[1])},
+    })
+os.environ["KERAS_BACKEND"] = "tensorflow"
+import tensorflow as tf
+import numpy as np, keras, keras_as_softmax as kas
+
+if sys.argv[1] == "single":
+    strategy = tf.distribute.get_strategy()
+else:
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+rng = np.random.default_rng(0)
+x = rng.standard_normal((96, 6)).astype("float32")
+y = rng.integers(0, 4, 96)
+with strategy.scope():
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    model = kas.ASSpeed(keras.Model(inputs, keras.layers.Dense(4)(hidden)), lam=3.0, max_steps=3)
+    model.compile(optimizer=keras.optimizers.Adam(0.02), loss=kas.ASSoftmaxLoss(0.3))
+steps = []
+log = keras.callbacks.LambdaCallback(
+    on_train_batch_end=lambda b, logs: steps.append(int(logs["accum_steps"])))
+data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+history = model.fit(data, epochs=3, verbose=0, callbacks=[log])
+first = next(iter(strategy.experimental_distribute_dataset(data)))[0]
+print(json.dumps({
+    "replicas": strategy.num_replicas_in_sync,
+    "local_batch": int(strategy.experimental_local_results(first)[0].shape[0]),
+    "weights": [w.tolist() for w in model.get_weights()],
+    "steps": steps,
+    "updates": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+    "masked": history.history["masked_ratio"],
+}))
+"""
+
+
+def _free_ports(n):
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute")
+def test_multi_worker_mirrored_strategy_matches_single_device():
+    import json
+    import subprocess
+    import sys
+
+    ports = ",".join(str(p) for p in _free_ports(2))
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", MULTI_WORKER_SCRIPT, *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        for args in (["single"], ["0", ports], ["1", ports])
+    ]
+    results = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=300)
+            assert proc.returncode == 0, stderr[-3000:]
+            results.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            proc.kill()
+    single, *workers = results
+    assert single["replicas"] == 1 and single["local_batch"] == 8
+    for worker in workers:
+        assert worker["replicas"] == 2 and worker["local_batch"] == 4
+        for a, b in zip(single["weights"], worker["weights"]):
+            np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5)
+        # Every worker took the same decisions as one device.
+        assert worker["steps"] == single["steps"]
+        assert worker["updates"] == single["updates"] < 36
+        np.testing.assert_allclose(worker["masked"], single["masked"], rtol=1e-6)
+    assert max(single["steps"]) == 3  # the steps really moved

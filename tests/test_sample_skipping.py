@@ -43,22 +43,31 @@ def test_token_sample_is_masked_only_when_all_counted_tokens_are():
     np.testing.assert_array_equal(skipper.masked.numpy(), [False, True, True])
 
 
-def test_training_records_masked_samples_and_epochs_shrink():
+@pytest.mark.parametrize("skip_masked", [False, True])
+def test_training_records_masked_samples_and_epochs_shrink(skip_masked):
     model, x, y = model_and_data()
     skipper = kas.MaskedSampleSkipper(len(y), revisit=0.0, seed=0)
-    wrapped = kas.ASSpeed(model, lam=0.5, max_steps=2, sample_skipper=skipper)
+    wrapped = kas.ASSpeed(
+        model, lam=0.5, max_steps=2, sample_skipper=skipper, skip_masked=skip_masked
+    )
     loss = kas.ASSoftmaxLoss(0.3)
-    wrapped.compile(optimizer=keras.optimizers.Adam(0.05), loss=loss, jit_compile=True)
+    wrapped.compile(
+        optimizer=keras.optimizers.Adam(0.05), loss=loss, jit_compile=not skip_masked
+    )
     batches = []
     counter = keras.callbacks.LambdaCallback(
         on_epoch_begin=lambda e, logs: batches.append(0),
         on_train_batch_end=lambda b, logs: batches.__setitem__(-1, batches[-1] + 1),
     )
-    wrapped.fit(skipper.dataset(x, y, batch_size=8, seed=0), epochs=4, verbose=0, callbacks=[counter])
+    history = wrapped.fit(
+        skipper.dataset(x, y, batch_size=8, seed=0), epochs=4, verbose=0, callbacks=[counter]
+    )
     assert batches[0] == 16 and batches[-1] < batches[0]
     # The memory agrees with the loss on the samples seen in the last epoch:
     # every sample it calls masked was masked when it was last trained on.
     assert 0.0 < skipper.masked_fraction < 1.0
+    if skip_masked:  # both levers at once: the scored steps trained on fewer samples
+        assert min(history.history["backward_fraction"]) < 1.0
     # Prediction and evaluation take inputs without sample ids.
     assert wrapped.predict(x, verbose=0).shape == (len(y), 4)
 

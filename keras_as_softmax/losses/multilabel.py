@@ -5,6 +5,8 @@ from keras import ops
 
 from keras_as_softmax.losses import _common
 
+_INF = float("inf")
+
 
 def _prepare_multilabel(y_true, y_pred):
     y_true = ops.convert_to_tensor(y_true)
@@ -13,9 +15,6 @@ def _prepare_multilabel(y_true, y_pred):
     logits = _common.to_logits(y_pred, from_logits=True)
     positive = ops.greater(ops.cast(y_true, logits.dtype), 0.5)
     return logits, positive
-
-
-_INF = float("inf")
 
 
 def _log1p_sum_exp(x):
