@@ -35,6 +35,18 @@ def local_batch(iterator, strategy):
     return None
 
 
+def multi_worker_logs(logs):
+    """A step's logs, ready for Keras 3.15's reduction across workers.
+
+    Under `MultiWorkerMirroredStrategy`, Keras averages the logs over
+    workers along axis 0, which a scalar lacks (keras-team/keras#20585):
+    give each log that axis. Elsewhere the logs are returned as they are.
+    """
+    if not is_multi_worker(tf.distribute.get_strategy()):
+        return logs
+    return {name: tf.reshape(value, [1]) for name, value in logs.items()}
+
+
 def _batch_size(x):
     return tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
 
@@ -288,8 +300,4 @@ def train_step(model, data):
         lambda: model.compute_metrics(x, y, y_pred, sample_weight=sample_weight),
     )
     logs["accum_steps"] = tf.convert_to_tensor(model._accum_steps)
-    if is_multi_worker(tf.distribute.get_strategy()):
-        # Keras 3.15 averages the logs over workers along axis 0, which a
-        # scalar lacks (keras-team/keras#20585): give them one.
-        logs = {name: tf.reshape(value, [1]) for name, value in logs.items()}
-    return logs
+    return multi_worker_logs(logs)

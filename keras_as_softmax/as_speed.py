@@ -306,6 +306,14 @@ class ASSpeed(keras.Model):
             )
         return _as_speed_tensorflow.train_step(self, *args)
 
+    def test_step(self, *args):
+        logs = super().test_step(*args)
+        if keras.backend.backend() == "tensorflow":
+            from keras_as_softmax import _as_speed_tensorflow
+
+            logs = _as_speed_tensorflow.multi_worker_logs(logs)
+        return logs
+
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Called by Keras's TensorFlow trainer only.
         from keras_as_softmax import _as_speed_tensorflow

@@ -479,7 +479,7 @@ steps = []
 log = keras.callbacks.LambdaCallback(
     on_train_batch_end=lambda b, logs: steps.append(int(logs["accum_steps"])))
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-history = model.fit(data, epochs=3, verbose=0, callbacks=[log])
+history = model.fit(data, validation_data=data, epochs=3, verbose=0, callbacks=[log])
 first = next(iter(strategy.experimental_distribute_dataset(data)))[0]
 print(json.dumps({
     "replicas": strategy.num_replicas_in_sync,
@@ -488,6 +488,7 @@ print(json.dumps({
     "steps": steps,
     "updates": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
     "masked": history.history["masked_ratio"],
+    "val_loss": history.history["val_loss"],
 }))
 """
 
@@ -538,4 +539,5 @@ def test_multi_worker_mirrored_strategy_matches_single_device():
         assert worker["steps"] == single["steps"]
         assert worker["updates"] == single["updates"] < 36
         np.testing.assert_allclose(worker["masked"], single["masked"], rtol=1e-6)
+        np.testing.assert_allclose(worker["val_loss"], single["val_loss"], rtol=1e-5)
     assert max(single["steps"]) == 3  # the steps really moved
