@@ -88,9 +88,10 @@ class ASSpeed(keras.Model):
     began) and `accum_steps` (the current number of steps).
 
     Supported backends: TensorFlow (eagerly, as a graph, or with
-    `jit_compile=True`; also under `tf.distribute.MirroredStrategy`, where
-    the masked counts and gradients are all-reduced so that every replica
-    uses the same number of steps) and JAX.
+    `jit_compile=True`; also under `tf.distribute.MirroredStrategy` and
+    `MultiWorkerMirroredStrategy`, where the masked counts and gradients
+    are all-reduced so that every replica uses the same number of steps)
+    and JAX.
 
     Args:
         model: the `keras.Model` to train.
