@@ -693,9 +693,9 @@ def run(
             loss-vs-metric correlation). Defaults to `1`.
         eval_batch_size: batch size of validation/test prediction.
         jit_compile: defaults to `True` on TensorFlow (`False` for
-            `"as_skip"` and `"as_skip_hybrid"`, which gather the samples to train on into a
-            batch of their own size, a graph-only shape; see `ASSpeed`),
-            `"auto"` otherwise.
+            `"as_skip"` and `"as_skip_hybrid"`, which gather the samples to
+            train on into a batch of their own size, a graph-only shape;
+            see `ASSpeed`), `"auto"` otherwise.
         verbose: 1 shows Keras's progress bar, 0 nothing.
         keep_model: keep the trained model in the result.
 

@@ -390,6 +390,27 @@ def test_delta_warmup_switches_inside_compiled_training():
     assert float(ops.convert_to_numpy(loss.delta)) == pytest.approx(0.3)
 
 
+# Shared by the tf.distribute scripts below: the data, and the wrapped
+# model built under a strategy with a callback that logs the step count.
+DISTRIBUTED_SETUP = """
+rng = np.random.default_rng(0)
+x = rng.standard_normal((96, 6)).astype("float32")
+y = rng.integers(0, 4, 96)
+data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+def build(strategy):
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((6,))
+        hidden = keras.layers.Dense(8, activation="relu")(inputs)
+        model = kas.ASSpeed(keras.Model(inputs, keras.layers.Dense(4)(hidden)), lam=3.0, max_steps=3)
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss=kas.ASSoftmaxLoss(0.3))
+    steps = []
+    log = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda b, logs: steps.append(int(logs["accum_steps"])))
+    return model, steps, log
+"""
+
 MIRRORED_SCRIPT = """
 import json, os
 os.environ["KERAS_BACKEND"] = "tensorflow"
@@ -398,21 +419,9 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import numpy as np, keras, keras_as_softmax as kas
 
-rng = np.random.default_rng(0)
-x = rng.standard_normal((96, 6)).astype("float32")
-y = rng.integers(0, 4, 96)
-
+""" + DISTRIBUTED_SETUP + """
 def train(strategy):
-    with strategy.scope():
-        keras.utils.set_random_seed(1)
-        inputs = keras.Input((6,))
-        hidden = keras.layers.Dense(8, activation="relu")(inputs)
-        model = kas.ASSpeed(keras.Model(inputs, keras.layers.Dense(4)(hidden)), lam=3.0, max_steps=3)
-        model.compile(optimizer=keras.optimizers.Adam(0.02), loss=kas.ASSoftmaxLoss(0.3))
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-    steps = []
-    log = keras.callbacks.LambdaCallback(
-        on_train_batch_end=lambda b, logs: steps.append(int(logs["accum_steps"])))
+    model, steps, log = build(strategy)
     history = model.fit(data, epochs=3, verbose=0, callbacks=[log])
     per_replica = [int(v.numpy()) for v in strategy.experimental_local_results(model._accum_steps.value)]
     return model, steps, history.history, per_replica
@@ -466,19 +475,8 @@ if sys.argv[1] == "single":
     strategy = tf.distribute.get_strategy()
 else:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-rng = np.random.default_rng(0)
-x = rng.standard_normal((96, 6)).astype("float32")
-y = rng.integers(0, 4, 96)
-with strategy.scope():
-    keras.utils.set_random_seed(1)
-    inputs = keras.Input((6,))
-    hidden = keras.layers.Dense(8, activation="relu")(inputs)
-    model = kas.ASSpeed(keras.Model(inputs, keras.layers.Dense(4)(hidden)), lam=3.0, max_steps=3)
-    model.compile(optimizer=keras.optimizers.Adam(0.02), loss=kas.ASSoftmaxLoss(0.3))
-steps = []
-log = keras.callbacks.LambdaCallback(
-    on_train_batch_end=lambda b, logs: steps.append(int(logs["accum_steps"])))
-data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+""" + DISTRIBUTED_SETUP + """
+model, steps, log = build(strategy)
 history = model.fit(data, validation_data=data, epochs=3, verbose=0, callbacks=[log])
 first = next(iter(strategy.experimental_distribute_dataset(data)))[0]
 print(json.dumps({
