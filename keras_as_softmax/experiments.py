@@ -747,6 +747,8 @@ def run(
     if warmup_ratio > 0 and method.as_loss:
         callbacks.append(DeltaWarmup(warmup_ratio=warmup_ratio))
     if skipper is not None:
+        # A filtered pass has no fixed length, so each epoch is one pass
+        # with an iterator of its own (the stall below can still hit it).
         train_ds = skipper.dataset(*data.train, batch_size=batch_size, seed=seed)
         fit_steps = None
     else:
