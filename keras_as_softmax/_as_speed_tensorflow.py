@@ -214,16 +214,24 @@ def train_step(model, data):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     skipper = model.sample_skipper
+    if (model.skip_masked or skipper is not None) and replicas > 1:
+        raise ValueError(
+            "ASSpeed(skip_masked=True) and ASSpeed(sample_skipper=...) train "
+            f"on one device. Received a distribution strategy with {replicas} replicas."
+        )
+    drawn = _batch_size(x)
     if skipper is not None:
+        # Samples masked when last seen (but those revisited) leave the
+        # micro-batch before any pass.
         x = dict(x)
         sample_ids = x.pop(skipper.id_key)
+        index = tf.reshape(tf.where(skipper.keep(sample_ids)), [-1])
+        take = lambda t: None if t is None else tf.gather(t, index)  # noqa: E731
+        x, y, sample_weight, sample_ids = (
+            tf.nest.map_structure(take, x), take(y), take(sample_weight), take(sample_ids)
+        )
     passes = (model, x, y, sample_weight)
     if model.skip_masked:
-        if replicas > 1:
-            raise ValueError(
-                "ASSpeed(skip_masked=True) trains on one device. Received a "
-                f"distribution strategy with {replicas} replicas."
-            )
         # Scoring first costs a forward pass; it pays off
         # only when enough samples are masked (judged on the last batch).
         outputs = tf.cond(
@@ -242,6 +250,8 @@ def train_step(model, data):
     counted = tf.reduce_sum(tf.cast(row_counted, "float32"))
     if model.skip_masked:
         model._last_masked_ratio.assign(masked / tf.maximum(counted, 1.0))
+    if model.skip_masked or skipper is not None:
+        trained *= tf.cast(_batch_size(x), tf.float32) / tf.cast(drawn, tf.float32)
         model.backward_fraction_tracker.update_state(trained)
 
     context = tf.distribute.get_replica_context()

@@ -100,9 +100,13 @@ class ASSpeed(keras.Model):
         max_steps: the cap `s` on accumulated micro-batches (int >= 1).
             Defaults to `4`.
         sample_skipper: optional `keras_as_softmax.MaskedSampleSkipper`
-            (TensorFlow only, not saved in the config): the train step
-            records which samples were masked so that the skipper's dataset
-            leaves them out of later epochs. An extension beyond the paper.
+            (TensorFlow, one device, `jit_compile=False`; not saved in the
+            config): each train step leaves out the samples that were
+            masked when last seen (but a `revisit` fraction), trains on the
+            others as a smaller micro-batch and records which of them are
+            masked now. The inputs carry each sample's index under the
+            skipper's `id_key`. An extension beyond the paper; `fit`'s logs
+            add `backward_fraction`.
         skip_masked: whether to spare the training forward and backward
             passes of samples that are masked now (TensorFlow, one device;
             an extension beyond the paper). Once the last micro-batch had at
@@ -184,7 +188,7 @@ class ASSpeed(keras.Model):
         self.inner_model = model
         self.sample_skipper = sample_skipper
         self.skip_masked = bool(skip_masked)
-        if self.skip_masked:
+        if self.skip_masked or sample_skipper is not None:
             self.backward_fraction_tracker = keras.metrics.Mean(name="backward_fraction")
         self.lam = float(lam)
         self.max_steps = max_steps
@@ -297,6 +301,13 @@ class ASSpeed(keras.Model):
             return _as_speed_jax.train_step(self, *args)
         from keras_as_softmax import _as_speed_tensorflow
 
+        if self.sample_skipper is not None and self.jit_compile:
+            raise ValueError(
+                "ASSpeed(sample_skipper=...) trains each step on the samples "
+                "its skipper keeps, a batch of data-dependent size that XLA "
+                "cannot compile. Compile with jit_compile=False. "
+                f"Received: jit_compile={self.jit_compile!r}"
+            )
         if self.skip_masked and self.jit_compile and not _has_accelerator():
             warnings.warn(
                 "ASSpeed(skip_masked=True) with jit_compile=True on CPU: XLA "

@@ -73,7 +73,7 @@ class Method:
         skip_masked: `ASSpeed(skip_masked=True)`: once half of a batch is
             masked, score each batch first and train only on the samples
             not masked now (beyond the paper).
-        skip_stale: whether later epochs leave out samples that were
+        skip_stale: whether each step leaves out the samples that were
             masked when last seen (`MaskedSampleSkipper`; beyond the paper).
     """
 
@@ -579,9 +579,8 @@ class RunResult:
         compile_time: seconds of the first batch (tracing + XLA compile).
         epoch_times: training seconds per epoch, compile and validation
             excluded.
-        batches_per_epoch: training batches run in each epoch (fewer than
-            `steps_per_epoch` when `"as_skip_stale"` or `"as_skip_hybrid"`
-            skips masked samples).
+        batches_per_epoch: training batches run in each epoch (the skipping
+            methods drop samples inside a batch, not batches).
         masked_ratio: per training batch, the fraction of counted rows whose
             AS-Softmax loss is exactly 0 (for softmax: that an
             `ASSoftmaxLoss(delta)` would mask).
@@ -591,8 +590,8 @@ class RunResult:
         val_metric, val_loss: at the end of training.
         test_metric, test_loss: at the end of training.
         test_margins: `probability_margins` on the test set.
-        backward_fraction: per epoch, the share of samples that went
-            through the training passes (`"as_skip"`, `"as_skip_hybrid"`).
+        backward_fraction: per epoch, the share of drawn samples that went
+            through the training passes (the `"as_skip*"` methods).
         step_times: `(epoch, batch, seconds)` of every training step but
             the first (epochs counted from 1).
         model: the trained model (not printed).
@@ -692,10 +691,10 @@ def run(
         evals_per_epoch: validation passes per epoch (more points for the
             loss-vs-metric correlation). Defaults to `1`.
         eval_batch_size: batch size of validation/test prediction.
-        jit_compile: defaults to `True` on TensorFlow (`False` for
-            `"as_skip"` and `"as_skip_hybrid"`, which gather the samples to
-            train on into a batch of their own size, a graph-only shape;
-            see `ASSpeed`), `"auto"` otherwise.
+        jit_compile: defaults to `True` on TensorFlow (`False` for the
+            `"as_skip*"` methods, which gather the samples to train on into
+            a batch of their own size, a graph-only shape; see `ASSpeed`),
+            `"auto"` otherwise.
         verbose: 1 shows Keras's progress bar, 0 nothing.
         keep_model: keep the trained model in the result.
 
@@ -706,7 +705,8 @@ def run(
     task = data.task
     delta = DEFAULT_DELTA[task] if delta is None else delta
     if jit_compile is None:
-        jit_compile = (not method.skip_masked) if keras.backend.backend() == "tensorflow" else "auto"
+        skips = method.skip_masked or method.skip_stale
+        jit_compile = (not skips) if keras.backend.backend() == "tensorflow" else "auto"
     keras.utils.set_random_seed(seed)
     model = build_classifier(task, data.num_classes, backbone)
     loss = make_loss(method, task, delta)
@@ -746,19 +746,16 @@ def run(
     callbacks = [recorder]
     if warmup_ratio > 0 and method.as_loss:
         callbacks.append(DeltaWarmup(warmup_ratio=warmup_ratio))
+    # One iterator for the whole fit (reshuffled every pass): a new
+    # iterator per epoch stalled the first step of an epoch by up to tens
+    # of seconds here, in every method alike.
     if skipper is not None:
-        # A filtered pass has no fixed length, so each epoch is one pass
-        # with an iterator of its own (the stall below can still hit it).
         train_ds = skipper.dataset(*data.train, batch_size=batch_size, seed=seed)
-        fit_steps = None
     else:
-        # One iterator for the whole fit (reshuffled every pass): a new
-        # iterator per epoch stalled the first step of the second epoch
-        # by up to tens of seconds here, in every method alike.
-        train_ds = make_dataset(data.train, batch_size, shuffle_seed=seed, drop_remainder=True).repeat()
-        fit_steps = steps_per_epoch
+        train_ds = make_dataset(data.train, batch_size, shuffle_seed=seed, drop_remainder=True)
     model.fit(
-        train_ds, epochs=epochs, steps_per_epoch=fit_steps, callbacks=callbacks, verbose=verbose, shuffle=False
+        train_ds.repeat(), epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks,
+        verbose=verbose, shuffle=False,
     )
 
     x_test, y_test = data.test
