@@ -26,12 +26,12 @@ trusting them:
   of their own size. It runs as a TensorFlow graph without XLA
   (`jit_compile=False`): XLA needs static shapes, and its chunked loop runs
   several times slower on CPU.
-* `as_skip_stale`: AS-Speed plus `keras_as_softmax.MaskedSampleSkipper`,
-  which leaves samples that were masked when last seen out of the next
-  epochs, revisiting a `--revisit` fraction of them.
-* `as_skip_hybrid`: both at once. Samples masked when last seen stay out
-  of the epoch (a `--revisit` fraction comes back), which also spares their
-  scoring pass; the batches left are scored and trained like `as_skip`'s.
+* `as_skip_stale`: AS-Speed plus `keras_as_softmax.MaskedSampleSkipper`:
+  each step leaves out the samples that were masked when last seen,
+  revisiting a `--revisit` fraction of them (a TensorFlow graph too).
+* `as_skip_hybrid`: both at once. Samples masked when last seen leave the
+  batch first (a `--revisit` fraction comes back), which also spares their
+  scoring pass; the samples left are scored and trained like `as_skip`'s.
 
 Usage:
 

@@ -429,7 +429,20 @@ def train(strategy):
 single, single_steps, single_hist, _ = train(tf.distribute.get_strategy())
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 mirrored, mirrored_steps, mirrored_hist, per_replica = train(strategy)
+
+def one_device_error(**kwargs):
+    with strategy.scope():
+        inputs = keras.Input((6,))
+        model = kas.ASSpeed(keras.Model(inputs, keras.layers.Dense(4)(inputs)), **kwargs)
+        model.compile(optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=False)
+    try:
+        model.fit(data, epochs=1, verbose=0)
+    except ValueError as error:
+        return str(error)
+
 print(json.dumps({
+    "errors": [one_device_error(skip_masked=True),
+               one_device_error(sample_skipper=kas.MaskedSampleSkipper(96))],
     "diff": max(float(np.abs(a - b).max()) for a, b in zip(single.get_weights(), mirrored.get_weights())),
     "single_steps": single_steps, "mirrored_steps": mirrored_steps, "per_replica": per_replica,
     "updates": [int(keras.ops.convert_to_numpy(m.optimizer.iterations)) for m in (single, mirrored)],
@@ -455,6 +468,9 @@ def test_mirrored_strategy_matches_single_device():
     assert len(set(result["per_replica"])) == 1
     assert result["updates"][0] == result["updates"][1] < 36
     np.testing.assert_allclose(result["masked"][0], result["masked"][1])
+    # The levers that drop samples inside a step refuse several replicas.
+    for error in result["errors"]:
+        assert error is not None and "one device" in error and "2 replicas" in error
 
 
 # One process of a two-worker MultiWorkerMirroredStrategy cluster on
