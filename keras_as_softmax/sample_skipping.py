@@ -21,6 +21,7 @@ BERT model (the stall goes away while the old iterators are kept alive).
 
 import numpy as np
 
+
 class MaskedSampleSkipper:
     """Remembers which training samples were masked when last seen.
 
@@ -50,7 +51,8 @@ class MaskedSampleSkipper:
     model = keras_as_softmax.ASSpeed(base_model, sample_skipper=skipper)
     model.compile(optimizer="adamw", loss=keras_as_softmax.ASSoftmaxLoss(0.3),
                   jit_compile=False)
-    model.fit(skipper.dataset(x_train, y_train, batch_size=32, seed=0), epochs=5)
+    data = skipper.dataset(x_train, y_train, batch_size=32, seed=0)
+    model.fit(data.repeat(), steps_per_epoch=len(y_train) // 32, epochs=5)
     ```
     """
 
