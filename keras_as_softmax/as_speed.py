@@ -176,8 +176,8 @@ class ASSpeed(keras.Model):
             )
         if sample_skipper is not None and backend != "tensorflow":
             raise ValueError(
-                "`sample_skipper` needs the tensorflow backend (it filters a "
-                f"tf.data pipeline). Received: the {backend!r} backend."
+                "`sample_skipper` needs the tensorflow backend (a batch of "
+                f"data-dependent size). Received: the {backend!r} backend."
             )
         if skip_masked and backend != "tensorflow":
             raise ValueError(
