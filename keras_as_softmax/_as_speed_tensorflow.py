@@ -51,6 +51,13 @@ def _batch_size(x):
     return tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
 
 
+def _take_rows(data, index):
+    """The rows `index` of every tensor in `data` (`None` stays `None`)."""
+    if data is None:
+        return None
+    return tf.nest.map_structure(lambda t: tf.gather(t, index), data)
+
+
 # skip_masked trains on chunks of 1/_CHUNKS of the micro-batch.
 _CHUNKS = 4
 
@@ -103,14 +110,13 @@ def _unmasked_pass(model, x, y, index, row_weights, regularize):
     their per-row loss values weighted by `row_weights` (0 for the padding
     of a chunk). Adds the regularization losses when `regularize` is
     true."""
-    take = lambda t: None if t is None else tf.gather(t, index)  # noqa: E731
     variables = model.trainable_variables
     dtype = model.loss.dtype
     with tf.GradientTape() as tape:
         values = model.loss.call(
-            ops.convert_to_tensor(take(y), dtype=dtype),
+            ops.convert_to_tensor(_take_rows(y, index), dtype=dtype),
             ops.convert_to_tensor(
-                model(tf.nest.map_structure(take, x), training=True), dtype=dtype
+                model(_take_rows(x, index), training=True), dtype=dtype
             ),
         )
         loss = tf.reduce_sum(row_weights * values)
@@ -214,21 +220,21 @@ def train_step(model, data):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     skipper = model.sample_skipper
-    if (model.skip_masked or skipper is not None) and replicas > 1:
+    if model._drops_samples and replicas > 1:
         raise ValueError(
             "ASSpeed(skip_masked=True) and ASSpeed(sample_skipper=...) train "
             f"on one device. Received a distribution strategy with {replicas} replicas."
         )
-    drawn = _batch_size(x)
     if skipper is not None:
         # Samples masked when last seen (but those revisited) leave the
         # micro-batch before any pass.
         x = dict(x)
         sample_ids = x.pop(skipper.id_key)
-        index = tf.reshape(tf.where(skipper.keep(sample_ids)), [-1])
-        take = lambda t: None if t is None else tf.gather(t, index)  # noqa: E731
+        keep = skipper.keep(sample_ids)
+        kept_share = tf.reduce_mean(tf.cast(keep, tf.float32))
+        index = tf.reshape(tf.where(keep), [-1])
         x, y, sample_weight, sample_ids = (
-            tf.nest.map_structure(take, x), take(y), take(sample_weight), take(sample_ids)
+            _take_rows(t, index) for t in (x, y, sample_weight, sample_ids)
         )
     passes = (model, x, y, sample_weight)
     if model.skip_masked:
@@ -246,12 +252,12 @@ def train_step(model, data):
     variables = model.trainable_variables
     if skipper is not None:
         skipper.record(sample_ids, row_masked, row_counted)
+        trained *= kept_share  # a share of the batch drawn
     masked = tf.reduce_sum(tf.cast(row_masked, "float32"))
     counted = tf.reduce_sum(tf.cast(row_counted, "float32"))
     if model.skip_masked:
         model._last_masked_ratio.assign(masked / tf.maximum(counted, 1.0))
-    if model.skip_masked or skipper is not None:
-        trained *= tf.cast(_batch_size(x), tf.float32) / tf.cast(drawn, tf.float32)
+    if model._drops_samples:
         model.backward_fraction_tracker.update_state(trained)
 
     context = tf.distribute.get_replica_context()

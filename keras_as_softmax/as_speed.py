@@ -188,7 +188,7 @@ class ASSpeed(keras.Model):
         self.inner_model = model
         self.sample_skipper = sample_skipper
         self.skip_masked = bool(skip_masked)
-        if self.skip_masked or sample_skipper is not None:
+        if self._drops_samples:
             self.backward_fraction_tracker = keras.metrics.Mean(name="backward_fraction")
         self.lam = float(lam)
         self.max_steps = max_steps
@@ -244,6 +244,12 @@ class ASSpeed(keras.Model):
         if self.sample_skipper is not None and isinstance(inputs, dict):
             inputs = {k: v for k, v in inputs.items() if k != self.sample_skipper.id_key}
         return self.inner_model(inputs, training=training)
+
+    @property
+    def _drops_samples(self):
+        """Whether a train step may train on fewer samples than it draws
+        (`skip_masked` or a `sample_skipper`)."""
+        return self.skip_masked or self.sample_skipper is not None
 
     @property
     def accumulation_steps(self):
