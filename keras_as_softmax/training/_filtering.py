@@ -1,0 +1,373 @@
+"""The filtered train step, written once for every backend.
+
+A drawn batch goes through the filters in order, with a queue after each:
+
+```
+drawn batch -> [SkipMaskedLastSeen] -> queue -> [SkipMasked: score] -> queue
+            -> training pass on `batch_size` queued rows, when that many wait
+```
+
+Every shape is static: the scoring and training passes run on exactly
+`batch_size` rows, inside a conditional. The passes themselves, the
+conditional and how state is carried differ per backend and come in as
+`hooks`; everything else is `keras.ops`.
+
+Each row carries the coefficient that the drawn batch's loss gives it
+(`sample_weight`, `ignore_class` positions and the mean's denominator of the
+batch it was drawn in), times the `1 / revisit` weight of a revisited
+sample. A training pass minimises the sum of coefficient times per-row loss
+over its rows, so the gradients of a window add up to the sum of the
+windows' batch gradients, without the masked rows' zeros, and their mean
+over the drawn batches has the scale of a plain step's.
+"""
+
+from typing import NamedTuple
+
+import keras
+from keras import ops
+
+from keras_as_softmax.training import _queue
+
+# Weight of the newest batch in the moving masked share that decides when
+# SkipMasked scores.
+_EMA = 0.1
+
+
+class FilterState(NamedTuple):
+    score_queue: object  # RowQueue or None (no SkipMaskedLastSeen)
+    train_queue: object  # RowQueue
+    memory: object  # float32 [num_samples] (1.0: masked when last seen)
+    masked_share: object  # float32 scalar, moving masked share
+
+
+class StepOutput(NamedTuple):
+    grads: list
+    trained: object  # float32 scalar: 1.0 when a training pass ran
+    scored: object  # float32 scalar: 1.0 when a scoring pass ran
+    rows: float  # counted rows observed this step
+    masked_rows: float  # masked rows among them
+    y: object  # labels of the trained rows (for metrics)
+    y_pred: object  # predictions of the trained rows (zeros if none)
+    metric_weight: object  # per-row metric weight (0 if no pass)
+    loss: object  # the training pass's loss (0 if none)
+
+
+def row_flags(loss, y, values, sample_weight):
+    """`(counted, masked, valid)` bool per row from per-row loss values.
+
+    `valid`: not `ignore_class`; `counted`: valid with nonzero weight;
+    `masked`: counted with a loss of exactly 0.
+    """
+    valid = ops.ones_like(values, dtype="bool")
+    ignore_class = getattr(loss, "ignore_class", None)
+    if ignore_class is not None:
+        labels = ops.reshape(ops.cast(y, "int32"), ops.shape(values))
+        valid = ops.not_equal(labels, ignore_class)
+    counted = valid
+    if sample_weight is not None:
+        weight = _to_rows(sample_weight, values)
+        counted = ops.logical_and(valid, ops.not_equal(weight, 0))
+    masked = ops.logical_and(counted, ops.equal(values, 0.0))
+    return counted, masked, valid
+
+
+def row_values(loss, y, y_pred):
+    """The loss's per-row values, computed as `Loss.__call__` would."""
+    y = keras.tree.map_structure(
+        lambda t: ops.convert_to_tensor(t, dtype=loss.dtype), y
+    )
+    y_pred = keras.tree.map_structure(
+        lambda t: ops.convert_to_tensor(t, dtype=loss.dtype), y_pred
+    )
+    return ops.cast(loss.call(y, y_pred), "float32")
+
+
+def _to_rows(weight, rows):
+    weight = ops.convert_to_tensor(weight)
+    while len(weight.shape) > len(rows.shape):
+        weight = ops.squeeze(weight, -1)
+    while len(weight.shape) < len(rows.shape):
+        weight = ops.expand_dims(weight, -1)
+    return ops.cast(weight, "float32") * ops.ones_like(rows, "float32")
+
+
+def row_valid(loss, y, row_shape):
+    """Rows that are not `ignore_class`, from the labels alone."""
+    ignore_class = getattr(loss, "ignore_class", None)
+    if ignore_class is None:
+        return ops.ones(row_shape, "bool")
+    return ops.not_equal(
+        ops.reshape(ops.cast(y, "int32"), row_shape), ignore_class
+    )
+
+
+def row_coefficients(loss, y, sample_weight, row_shape):
+    """`d loss(y, y_pred, sample_weight) / d values` per row, for the
+    `"sum_over_batch_size"` and `"sum"` reductions."""
+    valid = ops.cast(row_valid(loss, y, row_shape), "float32")
+    coefficients = valid
+    if sample_weight is not None:
+        coefficients = coefficients * _to_rows(sample_weight, valid)
+    if loss.reduction == "sum_over_batch_size":
+        denominator = ops.sum(valid) if loss.ignore_class is not None else (
+            ops.cast(ops.size(valid), "float32")
+        )
+        coefficients = coefficients / ops.maximum(denominator, 1.0)
+    return coefficients
+
+
+def _sample_masked(counted, masked):
+    """A sample is masked when all of its counted rows are."""
+    flags = ops.logical_or(masked, ops.logical_not(counted))
+    while len(flags.shape) > 1:
+        flags = ops.all(flags, axis=-1)
+    return ops.cast(flags, "float32")
+
+
+def _record(memory, ids, sample_masked, where):
+    """Writes `sample_masked` for the rows where `where` holds."""
+    old = ops.take(memory, ids, axis=0)
+    new = ops.where(where, sample_masked, old)
+    return ops.scatter_update(memory, ops.expand_dims(ids, -1), new)
+
+
+def _broadcast_rows(values, rows):
+    while len(values.shape) < len(rows.shape):
+        values = ops.expand_dims(values, -1)
+    return values
+
+
+class Rows(NamedTuple):
+    """The per-row pieces a queue carries (each `[batch, ...]`)."""
+
+    x: list  # flattened inputs
+    y: list  # flattened labels
+    coefficients: object  # float32 row shape
+    metric_weight: object  # float32 row shape
+    ids: object  # int32 [batch]
+    counted: object  # float32 [batch]: 1.0 once the step counted it
+
+    def flat(self):
+        return [
+            *self.x,
+            *self.y,
+            self.coefficients,
+            self.metric_weight,
+            self.ids,
+            self.counted,
+        ]
+
+    @classmethod
+    def unflat(cls, leaves, n_x, n_y):
+        x, y = leaves[:n_x], leaves[n_x : n_x + n_y]
+        return cls(x, y, *leaves[n_x + n_y :])
+
+
+def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
+    """One train step with filters.
+
+    Args:
+        model: the `ASSpeed` model (its `sample_filters`, `loss`,
+            `batch_size`, epoch variables).
+        state: a `FilterState`.
+        x, y, sample_weight: the drawn batch.
+        ids: int32 `[batch]` sample ids, or None.
+        draws: float32 `[batch]` uniform draws for the revisits.
+        hooks: the backend's passes, see `_tensorflow.py` / `_jax.py`.
+
+    Returns:
+        `(StepOutput, FilterState)`.
+    """
+    last_seen, skip_masked = model._filter_pair
+    loss = model.loss
+    size = model._filter_batch_size
+    x_leaves = keras.tree.flatten(x)
+    y_leaves = keras.tree.flatten(y)
+    y_main = y_leaves[0]
+    batch = ops.shape(x_leaves[0])[0]
+    row_shape = (batch, *model._row_tail)
+    coefficients = row_coefficients(loss, y_main, sample_weight, row_shape)
+    metric_weight = (
+        ops.ones(row_shape, "float32")
+        if sample_weight is None
+        else _to_rows(sample_weight, coefficients)
+    )
+    if ids is None:
+        ids = ops.zeros((batch,), "int32")
+    rows = Rows(
+        x_leaves,
+        y_leaves,
+        coefficients,
+        metric_weight,
+        ops.cast(ids, "int32"),
+        ops.zeros((batch,), "float32"),
+    )
+    n_x, n_y = len(x_leaves), len(y_leaves)
+    memory = state.memory
+    epoch, epochs = model._epoch_state()
+    count_all = ops.zeros((), "float32")
+    count_masked = ops.zeros((), "float32")
+
+    # SkipMaskedLastSeen: leave out, without a pass, what was masked.
+    if last_seen is not None:
+        active = last_seen.active(epoch, epochs)
+        was = ops.logical_and(ops.take(memory, rows.ids, axis=0) > 0.5, active)
+        keep, weight = last_seen.select(was, draws)
+        rows = rows._replace(
+            coefficients=rows.coefficients
+            * _broadcast_rows(weight, rows.coefficients)
+        )
+        # Left-out samples count as masked for AS-Speed's rule.
+        valid = ops.cast(row_valid(loss, y_main, row_shape), "float32")
+        skipped = _broadcast_rows(
+            ops.cast(ops.logical_not(keep), "float32"), valid
+        )
+        count_all += ops.sum(valid * skipped)
+        count_masked += ops.sum(valid * skipped)
+        queue = state.score_queue if skip_masked is not None else state.train_queue
+        queue = _queue.push(queue, rows.flat(), keep)
+        if skip_masked is None:
+            state = state._replace(train_queue=queue)
+            ready = None
+        else:
+            popped, rest = _queue.pop(queue, size)
+            ready = queue.count >= size
+            state = state._replace(score_queue=_queue.select(ready, rest, queue))
+            rows = Rows.unflat(popped, n_x, n_y)
+    else:
+        ready = None
+
+    # SkipMasked: score, keep what is not masked now.
+    scored = ops.zeros((), "float32")
+    if skip_masked is not None:
+        go = ops.logical_and(
+            skip_masked.active(epoch, epochs),
+            state.masked_share >= skip_masked.min_masked_ratio,
+        )
+        if ready is not None:
+            go = ops.logical_and(go, ready)
+        score_x = keras.tree.pack_sequence_as(x, rows.x)
+        score_y = keras.tree.pack_sequence_as(y, rows.y)
+
+        def score(operands):
+            ms, memory = operands
+            y_pred, ms = hooks.score(ms, score_x)
+            values = row_values(loss, score_y, y_pred)
+            counted, masked, _ = row_flags(loss, rows.y[0], values, None)
+            counted = ops.logical_and(counted, rows.coefficients != 0)
+            masked = ops.logical_and(masked, counted)
+            sample_masked = _sample_masked(counted, masked)
+            if last_seen is not None:
+                memory = _record(
+                    memory, rows.ids, sample_masked, ops.ones_like(rows.counted) > 0
+                )
+            keep = sample_masked < 0.5
+            return (
+                ms,
+                memory,
+                keep,
+                ops.sum(ops.cast(counted, "float32")),
+                ops.sum(ops.cast(masked, "float32")),
+            )
+
+        def no_score(operands):
+            ms, memory = operands
+            keep = ops.ones_like(rows.counted) > 0
+            if ready is not None:
+                keep = ops.logical_and(keep, ready)
+            zero = ops.zeros((), "float32")
+            return ms, memory, keep, zero, zero
+
+        ms, memory, keep, n_all, n_masked = hooks.cond(
+            go, score, no_score, (hooks.model_state(), memory)
+        )
+        hooks.set_model_state(ms)
+        scored = ops.cast(go, "float32")
+        count_all += n_all
+        count_masked += n_masked
+        share = n_masked / ops.maximum(n_all, 1.0)
+        state = state._replace(
+            masked_share=ops.where(
+                n_all > 0,
+                (1 - _EMA) * state.masked_share + _EMA * share,
+                state.masked_share,
+            )
+        )
+        rows = rows._replace(
+            counted=ops.where(go, ops.ones_like(rows.counted), rows.counted)
+        )
+        state = state._replace(
+            train_queue=_queue.push(state.train_queue, rows.flat(), keep)
+        )
+
+    # The training pass, on `size` queued rows.
+    queue = state.train_queue
+    popped, rest = _queue.pop(queue, size)
+    full = queue.count >= size
+    state = state._replace(train_queue=_queue.select(full, rest, queue))
+    rows = Rows.unflat(popped, n_x, n_y)
+    train_x = keras.tree.pack_sequence_as(x, rows.x)
+    train_y = keras.tree.pack_sequence_as(y, rows.y)
+
+    y_pred_dtype = model._output_dtype
+
+    def train(operands):
+        ms, memory = operands
+        grads, y_pred, values, value, ms = hooks.train(
+            ms, train_x, train_y, rows.coefficients
+        )
+        counted, masked, _ = row_flags(loss, rows.y[0], values, None)
+        counted = ops.logical_and(counted, rows.coefficients != 0)
+        masked = ops.logical_and(masked, counted)
+        if last_seen is not None:
+            memory = _record(
+                memory,
+                rows.ids,
+                _sample_masked(counted, masked),
+                ops.ones_like(rows.counted) > 0,
+            )
+        fresh = _broadcast_rows(1.0 - rows.counted, values)
+        n_all = ops.sum(ops.cast(counted, "float32") * fresh)
+        n_masked = ops.sum(ops.cast(masked, "float32") * fresh)
+        return ms, memory, grads, y_pred, n_all, n_masked, value
+
+    def no_train(operands):
+        ms, memory = operands
+        zero = ops.zeros((), "float32")
+        return (
+            ms,
+            memory,
+            hooks.zero_grads(),
+            ops.zeros((size, *model._output_tail), y_pred_dtype),
+            zero,
+            zero,
+            zero,
+        )
+
+    ms, memory, grads, y_pred, n_all, n_masked, value = hooks.cond(
+        full, train, no_train, (hooks.model_state(), memory)
+    )
+    hooks.set_model_state(ms)
+    state = state._replace(memory=memory)
+    trained = ops.cast(full, "float32")
+    if skip_masked is not None:
+        share = n_masked / ops.maximum(n_all, 1.0)
+        state = state._replace(
+            masked_share=ops.where(
+                n_all > 0,
+                (1 - _EMA) * state.masked_share + _EMA * share,
+                state.masked_share,
+            )
+        )
+    output = StepOutput(
+        grads=grads,
+        trained=trained,
+        scored=scored,
+        rows=count_all + n_all,
+        masked_rows=count_masked + n_masked,
+        y=train_y,
+        y_pred=y_pred,
+        metric_weight=rows.metric_weight * trained,
+        loss=value,
+    )
+    return output, state

@@ -1,0 +1,195 @@
+"""ASSpeed's trainer on JAX: `train_step(state, data) -> (logs, state)`.
+
+The accumulation window, the filters' queues and the last-seen memory are
+non-trainable model variables, so they travel in `non_trainable_variables`
+through the pure step; the optimizer runs inside `jax.lax.cond`, which XLA
+compiles to a conditional that executes only the taken branch.
+"""
+
+import jax
+import keras
+
+from keras_as_softmax import filters
+from keras_as_softmax.training import _filtering
+from keras_as_softmax.training import accumulation
+
+
+class _Hooks:
+    """The passes of `_filtering.filtered_step` on JAX. The model state
+    carried through conditionals is `(trainable, non_trainable)` values."""
+
+    def __init__(self, model, trainable, non_trainable, optimizer_variables):
+        self.model = model
+        self.state = (list(trainable), list(non_trainable))
+        self.optimizer_variables = optimizer_variables
+        self.keep_after_scoring = [
+            v.path.endswith("seed_generator_state")
+            for v in model.non_trainable_variables
+        ]
+
+    def model_state(self):
+        return self.state
+
+    def set_model_state(self, state):
+        self.state = state
+
+    def cond(self, pred, true_fn, false_fn, operands):
+        return jax.lax.cond(pred, true_fn, false_fn, operands)
+
+    def zero_grads(self):
+        return [keras.ops.zeros_like(t) for t in self.state[0]]
+
+    def score(self, state, x):
+        """A forward pass in training mode; only dropout's seed state
+        advances (moving statistics stay as they were)."""
+        trainable, non_trainable = state
+        y_pred, updated = self.model.stateless_call(
+            trainable, non_trainable, x, training=True
+        )
+        non_trainable = [
+            new if keep else old
+            for new, old, keep in zip(
+                updated, non_trainable, self.keep_after_scoring
+            )
+        ]
+        return y_pred, (trainable, non_trainable)
+
+    def train(self, state, x, y, coefficients):
+        model = self.model
+        trainable, non_trainable = state
+        optimizer_mapping = list(
+            zip(model.optimizer.variables, self.optimizer_variables)
+        )
+
+        def objective(trainable):
+            y_pred, updated, losses = model.stateless_call(
+                trainable, non_trainable, x, return_losses=True, training=True
+            )
+            values = _filtering.row_values(model.loss, y, y_pred)
+            loss = keras.ops.sum(coefficients * values)
+            if losses:
+                loss = loss + sum(losses)
+            with keras.StatelessScope(state_mapping=optimizer_mapping):
+                scaled = model.optimizer.scale_loss(loss)
+            return scaled, (loss, y_pred, values, updated)
+
+        (_, (loss, y_pred, values, updated)), grads = jax.value_and_grad(
+            objective, has_aux=True
+        )(trainable)
+        return grads, y_pred, values, loss, (trainable, updated)
+
+
+class ASSpeedTrainer:
+    """`train_step` of `ASSpeed` on JAX."""
+
+    def train_step(self, state, data):
+        trainable, non_trainable, optimizer_vars, metrics_vars = state
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        variables = self.non_trainable_variables
+        index = {id(v): i for i, v in enumerate(variables)}
+        non_trainable = list(non_trainable)
+
+        if self.sample_filters:
+            inputs, ids = filters.split_sample_ids(x)
+            hooks = _Hooks(self, trainable, non_trainable, optimizer_vars)
+            mapping = list(zip(self.trainable_variables, trainable)) + list(
+                zip(variables, non_trainable)
+            )
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                draws = None
+                if self._last_seen is not None:
+                    size = keras.tree.flatten(inputs)[0].shape[0]
+                    draws = keras.random.uniform((size,), seed=self._seed)
+                output, filter_state = _filtering.filtered_step(
+                    self,
+                    self._filter_state(),
+                    inputs,
+                    y,
+                    sample_weight,
+                    ids,
+                    draws,
+                    hooks,
+                )
+                self._assign_filter_state(filter_state)
+            non_trainable = list(hooks.state[1])
+            for v in self._filter_variables():
+                non_trainable[index[id(v)]] = scope.get_current_value(v)
+            grads, loss_value = output.grads, output.loss
+            loss_weight = output.trained
+            rows, masked = output.rows, output.masked_rows
+            metric_args = (inputs, output.y, output.y_pred, output.metric_weight)
+            trained = output.trained
+        else:
+            grad_fn = jax.value_and_grad(
+                self.compute_loss_and_updates, has_aux=True
+            )
+            (_, aux), grads = grad_fn(
+                trainable,
+                non_trainable,
+                metrics_vars,
+                x,
+                y,
+                sample_weight,
+                training=True,
+                optimizer_variables=optimizer_vars,
+            )
+            loss_value, y_pred, non_trainable, metrics_vars = aux
+            non_trainable = list(non_trainable)
+            values = _filtering.row_values(self.loss, y, y_pred)
+            counted, masked_flags, _ = _filtering.row_flags(
+                self.loss, y, values, sample_weight
+            )
+            rows = keras.ops.sum(keras.ops.cast(counted, "float32"))
+            masked = keras.ops.sum(keras.ops.cast(masked_flags, "float32"))
+            loss_weight = keras.tree.flatten(x)[0].shape[0]
+            metric_args = (x, y, y_pred, sample_weight)
+            trained = 1.0
+
+        drawn = index[id(self._drawn)]
+        non_trainable[drawn] = non_trainable[drawn] + 1
+        window_variables = keras.tree.flatten(tuple(self._accumulation))
+        window = accumulation.AccumulationState(
+            *keras.tree.pack_sequence_as(
+                tuple(self._accumulation),
+                [non_trainable[index[id(v)]] for v in window_variables],
+            )
+        )
+        window = accumulation.add(window, grads, rows, masked)
+
+        def apply_window(operands):
+            trainable, optimizer_vars, window = operands
+            mean_grads, window = accumulation.finish_window(
+                window, self.lam, self.max_steps
+            )
+            trainable, optimizer_vars = self.optimizer.stateless_apply(
+                optimizer_vars, mean_grads, trainable
+            )
+            return list(trainable), list(optimizer_vars), window
+
+        trainable, optimizer_vars, window = jax.lax.cond(
+            accumulation.is_due(window),
+            apply_window,
+            lambda operands: operands,
+            (list(trainable), list(optimizer_vars), window),
+        )
+        for v, value in zip(window_variables, keras.tree.flatten(tuple(window))):
+            non_trainable[index[id(v)]] = value
+
+        metrics_mapping = list(zip(self.metrics_variables, metrics_vars))
+        with keras.StatelessScope(state_mapping=metrics_mapping) as scope:
+            self._loss_tracker.update_state(loss_value, sample_weight=loss_weight)
+            logs = self._step_metrics(
+                *metric_args, counts=(masked, rows), trained=trained
+            )
+        metrics_vars = [
+            scope.get_current_value(v) for v in self.metrics_variables
+        ]
+        logs["accum_steps"] = window.steps
+        return logs, (trainable, non_trainable, optimizer_vars, metrics_vars)
+
+    def test_step(self, state, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        x, _ = filters.split_sample_ids(x)
+        return super().test_step(
+            state, keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+        )

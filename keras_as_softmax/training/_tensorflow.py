@@ -1,0 +1,243 @@
+"""ASSpeed's trainer on TensorFlow (eager, graph, XLA, tf.distribute)."""
+
+import keras
+import tensorflow as tf
+
+from keras_as_softmax import filters
+from keras_as_softmax.training import _filtering
+from keras_as_softmax.training import accumulation
+
+
+def is_multi_worker(strategy):
+    """Whether `strategy` is a `MultiWorkerMirroredStrategy` spanning
+    several workers."""
+    return isinstance(
+        strategy, tf.distribute.MultiWorkerMirroredStrategy
+    ) and strategy.extended._in_multi_worker_mode()
+
+
+def local_batch(iterator, strategy):
+    """The first batch of a Keras `TFEpochIterator`, as the first local
+    replica sees it.
+
+    Keras 3.15's `fit` builds the model from a probe batch that it averages
+    over replicas with `strategy.reduce`, which `MultiWorkerMirroredStrategy`
+    cannot do eagerly (keras-team/keras#20585); the probe only needs
+    shapes, which one replica's batch has.
+    """
+    for _, _, it in iterator:
+        return tf.nest.map_structure(
+            lambda v: strategy.experimental_local_results(v)[0]
+            if isinstance(v, tf.distribute.DistributedValues)
+            else v,
+            next(it),
+        )
+    return None
+
+
+def multi_worker_logs(logs):
+    """A step's logs, ready for Keras 3.15's reduction across workers.
+
+    Under `MultiWorkerMirroredStrategy`, Keras averages the logs over
+    workers along axis 0, which a scalar lacks (keras-team/keras#20585):
+    give each log that axis. Elsewhere the logs are returned as they are.
+    """
+    if not is_multi_worker(tf.distribute.get_strategy()):
+        return logs
+    return {name: tf.reshape(value, [1]) for name, value in logs.items()}
+
+
+def _dense_grads(grads, variables):
+    return [
+        tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+        for g, v in zip(grads, variables)
+    ]
+
+
+def _batch_size(x):
+    return tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
+
+
+class _Hooks:
+    """The passes of `_filtering.filtered_step` on TensorFlow: stateful,
+    so the model state carried through conditionals is a placeholder."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def model_state(self):
+        return tf.zeros(())
+
+    def set_model_state(self, state):
+        pass
+
+    def cond(self, pred, true_fn, false_fn, operands):
+        return tf.cond(pred, lambda: true_fn(operands), lambda: false_fn(operands))
+
+    def zero_grads(self):
+        return [tf.zeros_like(v) for v in self.model.trainable_variables]
+
+    def score(self, state, x):
+        """A forward pass in training mode (dropout as in a plain step);
+        moving statistics such as `BatchNormalization`'s are put back, and
+        dropout's seed state is left to advance."""
+        model = self.model
+        saved_variables = [
+            v
+            for v in model.inner_model.non_trainable_variables
+            if not v.path.endswith("seed_generator_state")
+        ]
+        saved = [tf.identity(v.value) for v in saved_variables]
+        with tf.control_dependencies(saved):
+            y_pred = model(x, training=True)
+        with tf.control_dependencies(tf.nest.flatten(y_pred)):
+            for v, value in zip(saved_variables, saved):
+                v.assign(value)
+        return tf.identity(y_pred), state
+
+    def train(self, state, x, y, coefficients):
+        model = self.model
+        variables = model.trainable_variables
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            values = _filtering.row_values(model.loss, y, y_pred)
+            loss = tf.reduce_sum(coefficients * values)
+            if model.losses:
+                loss += tf.cast(tf.add_n(model.losses), loss.dtype)
+            scaled = model.optimizer.scale_loss(loss)
+        grads = _dense_grads(tape.gradient(scaled, variables), variables)
+        return grads, y_pred, values, loss, state
+
+
+class ASSpeedTrainer:
+    """`train_step` and `test_step` of `ASSpeed` on TensorFlow."""
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        strategy = tf.distribute.get_strategy()
+        replicas = strategy.num_replicas_in_sync
+        state = accumulation.AccumulationState(
+            *keras.tree.map_structure(lambda v: v.value, tuple(self._accumulation))
+        )
+        if self.sample_filters:
+            inputs, ids = filters.split_sample_ids(x)
+            draws = None
+            if self._last_seen is not None:
+                draws = keras.random.uniform(
+                    tf.shape(tf.nest.flatten(inputs)[0])[:1], seed=self._seed
+                )
+            output, filter_state = _filtering.filtered_step(
+                self,
+                self._filter_state(),
+                inputs,
+                y,
+                sample_weight,
+                ids,
+                draws,
+                _Hooks(self),
+            )
+            self._assign_filter_state(filter_state)
+            grads, loss = output.grads, output.loss
+            rows, masked = output.rows, output.masked_rows
+            metric_args = (inputs, output.y, output.y_pred, output.metric_weight)
+            trained = output.trained
+            self._loss_tracker.update_state(loss, sample_weight=output.trained)
+        else:
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                # Divided by the number of replicas, like every Keras loss.
+                loss = self.compute_loss(
+                    x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                    training=True,
+                )
+                scaled_loss = self.optimizer.scale_loss(loss)
+            variables = self.trainable_variables
+            grads = _dense_grads(tape.gradient(scaled_loss, variables), variables)
+            counted, masked_flags, _ = _filtering.row_flags(
+                self.loss,
+                y,
+                _filtering.row_values(self.loss, y, y_pred),
+                sample_weight,
+            )
+            rows = tf.reduce_sum(tf.cast(counted, "float32"))
+            masked = tf.reduce_sum(tf.cast(masked_flags, "float32"))
+            metric_args = (x, y, y_pred, sample_weight)
+            trained = tf.constant(1.0)
+            self._loss_tracker.update_state(
+                loss * replicas, sample_weight=_batch_size(x)
+            )
+        self._drawn.assign_add(1)
+        context = tf.distribute.get_replica_context()
+        if replicas > 1:
+            # Every replica accumulates the same all-reduced values (the
+            # state variables aggregate "only_first_replica"), so all of
+            # them take the same decisions at the same micro-batch.
+            grads = context.all_reduce("sum", grads)
+            masked, rows = context.all_reduce("sum", [masked, rows])
+        state = accumulation.add(state, grads, rows, masked)
+        for variable, value in zip(
+            keras.tree.flatten(tuple(self._accumulation)),
+            keras.tree.flatten(tuple(state)),
+        ):
+            variable.assign(value)
+        self._finish_window_if_due(state, replicas, context)
+        logs = self._step_metrics(
+            *metric_args, counts=(masked, rows), trained=trained
+        )
+        logs["accum_steps"] = tf.convert_to_tensor(self._accumulation.steps)
+        return multi_worker_logs(logs)
+
+    def _finish_window_if_due(self, state, replicas, context):
+        variables = self.trainable_variables
+
+        def apply_window():
+            # The optimizer sums gradients over replicas again: pre-divide.
+            current = accumulation.AccumulationState(
+                *keras.tree.map_structure(
+                    lambda v: v.value, tuple(self._accumulation)
+                )
+            )
+            mean_grads, fresh = accumulation.finish_window(
+                current, self.lam, self.max_steps, divisor=replicas
+            )
+            self.optimizer.apply(mean_grads, variables)
+            for variable, value in zip(
+                keras.tree.flatten(tuple(self._accumulation)),
+                keras.tree.flatten(tuple(fresh)),
+            ):
+                variable.assign(value)
+
+        due = accumulation.is_due(state)
+        if replicas > 1:
+            # The optimizer's cross-replica merge may not sit in a
+            # conditional built in replica context: build it in
+            # cross-replica context, as LossScaleOptimizer does.
+            def cross_replica(distribution, due):
+                done = distribution.experimental_local_results(due)[0]
+                tf.cond(
+                    done,
+                    lambda: distribution.extended.call_for_each_replica(
+                        apply_window
+                    ),
+                    lambda: None,
+                )
+
+            context.merge_call(cross_replica, args=(due,))
+        else:
+            tf.cond(due, apply_window, lambda: None)
+
+    def test_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        x, _ = filters.split_sample_ids(x)
+        logs = super().test_step(
+            keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+        )
+        return multi_worker_logs(logs)
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if iterator is not None and is_multi_worker(self.distribute_strategy):
+            data_batch = local_batch(iterator, self.distribute_strategy)
+            iterator = None
+        return super()._maybe_symbolic_build(
+            iterator=iterator, data_batch=data_batch
+        )

@@ -1,0 +1,129 @@
+"""AS-Speed's accumulation core: a state tuple and pure functions.
+
+Written after optax's `MultiSteps` (`optax/transforms/_accumulation.py`):
+the state is a `NamedTuple` of tensors, and every function takes a state and
+returns a new one, in `keras.ops` only. The backend trainers hold the state
+in non-trainable variables (so it is saved, restored and carried through
+JAX's stateless steps) and call these functions in their train steps.
+
+```
+state = accumulation.init(model.trainable_variables)
+state = accumulation.add(state, grads, rows, masked_rows)
+if accumulation.is_due(state):
+    mean_grads, state = accumulation.finish_window(state, lam, max_steps)
+    optimizer.apply(mean_grads)
+```
+"""
+
+from typing import NamedTuple
+
+from keras import ops
+
+
+class AccumulationState(NamedTuple):
+    """The state of one accumulation window.
+
+    Attributes:
+        grad_sum: one tensor per trainable variable, the sum of the
+            gradients of the micro-batches added in the window.
+        micro_batches: int32 scalar, micro-batches added in the window.
+        rows: float32 scalar, rows counted in the window (`N_all`:
+            samples, or tokens that are not ignored, with nonzero weight).
+        masked_rows: float32 scalar, counted rows whose loss was exactly 0
+            (`N_masked`).
+        steps: int32 scalar, micro-batches per optimizer update (`k`).
+    """
+
+    grad_sum: list
+    micro_batches: object
+    rows: object
+    masked_rows: object
+    steps: object
+
+
+def init(variables, steps=1):
+    """A fresh state for `variables` (zero sums, `steps` micro-batches)."""
+    return AccumulationState(
+        grad_sum=[ops.zeros(v.shape, v.dtype) for v in variables],
+        micro_batches=ops.zeros((), "int32"),
+        rows=ops.zeros((), "float32"),
+        masked_rows=ops.zeros((), "float32"),
+        steps=ops.convert_to_tensor(steps, "int32"),
+    )
+
+
+def add(state, grads, rows, masked_rows):
+    """Adds one micro-batch: its gradients and its row counts."""
+    return AccumulationState(
+        grad_sum=[s + ops.cast(g, s.dtype) for s, g in zip(state.grad_sum, grads)],
+        micro_batches=state.micro_batches + 1,
+        rows=state.rows + ops.cast(rows, "float32"),
+        masked_rows=state.masked_rows + ops.cast(masked_rows, "float32"),
+        steps=state.steps,
+    )
+
+
+def is_due(state):
+    """Whether the window holds `steps` micro-batches (a bool scalar)."""
+    return ops.greater_equal(state.micro_batches, state.steps)
+
+
+def finish_window(state, lam, max_steps, divisor=1):
+    """The window's mean gradients, and the state of the next window.
+
+    The mean is over the window's micro-batches (times `divisor`, the
+    number of replicas whose sums an optimizer adds up again), so an update
+    has the scale of one plain batch however many micro-batches it spans.
+    The next window's `steps` follow `next_accumulation_steps`.
+
+    Returns:
+        `(mean_grads, state)` with the sums and counts of `state` reset.
+    """
+    n = ops.cast(ops.maximum(state.micro_batches, 1) * divisor, "float32")
+    mean_grads = [ops.cast(s / ops.cast(n, s.dtype), s.dtype) for s in state.grad_sum]
+    steps = next_accumulation_steps(
+        state.steps, state.rows, state.masked_rows, lam, max_steps
+    )
+    return mean_grads, AccumulationState(
+        grad_sum=[ops.zeros_like(s) for s in state.grad_sum],
+        micro_batches=ops.zeros_like(state.micro_batches),
+        rows=ops.zeros_like(state.rows),
+        masked_rows=ops.zeros_like(state.masked_rows),
+        steps=steps,
+    )
+
+
+def next_accumulation_steps(steps, n_all, n_masked, lam, max_steps):
+    """The AS-Speed rule (paper eq. 19 with its three restrictions).
+
+    ```
+    proposal = round(lam * N_all / (N_all - N_masked)), at least 1
+    steps'   = steps + 1 if proposal > steps and steps < max_steps else steps
+    ```
+
+    The number of accumulated micro-batches never decreases, grows by at
+    most one per optimizer update and never exceeds `max_steps`. A window
+    with no counted rows keeps the current value; a window with every row
+    masked proposes growth.
+
+    Args:
+        steps: int32 scalar, the current number of steps.
+        n_all: float scalar, counted rows in the last window.
+        n_masked: float scalar, masked rows among them.
+        lam: the paper's lambda.
+        max_steps: the cap `s`.
+
+    Returns:
+        int32 scalar, the next number of steps.
+    """
+    steps = ops.cast(steps, "int32")
+    n_all = ops.cast(n_all, "float32")
+    n_masked = ops.cast(n_masked, "float32")
+    unmasked = n_all - n_masked
+    ratio = ops.where(unmasked > 0, n_all / ops.maximum(unmasked, 1.0), 1e9)
+    proposal = ops.floor(lam * ratio + 0.5)
+    grow = ops.logical_and(
+        ops.logical_and(proposal > ops.cast(steps, "float32"), n_all > 0),
+        steps < max_steps,
+    )
+    return ops.where(grow, steps + 1, steps)

@@ -1,0 +1,599 @@
+"""`ASSpeed`: the model wrapper, its checks, and its state."""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_as_softmax import filters as filters_lib
+from keras_as_softmax._validation import check_int
+from keras_as_softmax._validation import check_positive
+from keras_as_softmax.metrics import MaskedRatio
+from keras_as_softmax.metrics import count_masked_rows
+from keras_as_softmax.training import _queue
+from keras_as_softmax.training import accumulation
+from keras_as_softmax.training._filtering import FilterState
+
+_BACKEND = keras.backend.backend()
+if _BACKEND == "tensorflow":
+    from keras_as_softmax.training._tensorflow import ASSpeedTrainer
+elif _BACKEND == "jax":
+    from keras_as_softmax.training._jax import ASSpeedTrainer
+else:
+
+    class ASSpeedTrainer:
+        def __init__(self, *args, **kwargs):
+            raise ValueError(
+                "ASSpeed supports the tensorflow and jax backends. Received: "
+                f"the {_BACKEND!r} backend. Use keras_as_softmax.ASSoftmaxLoss "
+                "alone on this backend, or set KERAS_BACKEND=tensorflow."
+            )
+
+
+_FILTER_REDUCTIONS = ("sum_over_batch_size", "sum")
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class ASSpeed(ASSpeedTrainer, keras.Model):
+    """Wraps a model so that `fit` accumulates more micro-batches per update
+    as AS-Softmax masks more samples (AS-Speed, paper section 3.3), and,
+    with a sample filter, leaves masked samples out of the training passes.
+
+    Each batch that `fit` draws is a micro-batch: its gradient is added to
+    an accumulator, and its counted rows (`N_all`: samples, or tokens that
+    are not `ignore_class`, with nonzero sample weight) and masked rows
+    (`N_masked`: loss exactly 0) to the window's counts. When the window
+    holds `accumulation_steps` micro-batches, the optimizer applies their
+    *mean* gradient (an update has the scale of one plain batch) and the
+    number of steps is re-estimated with
+    `keras_as_softmax.training.accumulation.next_accumulation_steps`
+    (eq. 19: never decreasing, growing by at most one, capped at
+    `max_steps`). Between window ends the optimizer does not run (a compiled
+    conditional). Learning-rate schedules and Adam's bias correction count
+    updates (`optimizer.iterations`), not micro-batches.
+
+    AS-Speed alone saves optimizer updates only. A `sample_filter`
+    (`keras_as_softmax.filters`) saves forward and backward passes: the
+    samples it keeps are queued, and a training pass runs on every full
+    batch of them, so every pass has the static shape of a drawn batch and
+    is full of samples that still have a gradient. Each queued row keeps
+    the coefficient its drawn batch's loss gave it, so the window's mean is
+    taken over the samples an unfiltered step would have counted and the
+    effective learning rate does not rise as more samples are masked.
+
+    Layers with training-time state such as `BatchNormalization` update it
+    in the training passes only: without a filter, on every micro-batch;
+    with one, on the batches of kept samples (their statistics are those
+    of the harder samples). A scoring pass puts moving statistics back.
+
+    `fit`'s logs show `masked_ratio` (masked / counted rows since the epoch
+    began), `accum_steps` (micro-batches per update) and `trained_fraction`
+    (the share of drawn batches that a training pass stood for).
+
+    Supported: TensorFlow (eager, graph, `jit_compile=True`,
+    `tf.distribute.MirroredStrategy` and `MultiWorkerMirroredStrategy`
+    without a filter) and JAX, one device. Everything that cannot work is
+    refused by `compile()` or by `fit()` before the first batch.
+
+    Args:
+        model: the `keras.Model` to train (functional, sequential,
+            subclassed, or a keras-hub task whose preprocessor runs in
+            `fit`, `evaluate` and `predict`).
+        lam: the paper's lambda (> 0): the steps follow
+            `lam * N_all / (N_all - N_masked)`. Defaults to `0.5`.
+        max_steps: the cap `s` on accumulated micro-batches (int >= 1).
+            Defaults to `4`.
+        sample_filter: `None`, a `keras_as_softmax.filters.SkipMasked`, a
+            `keras_as_softmax.filters.SkipMaskedLastSeen`, or the list
+            `[SkipMaskedLastSeen(n), SkipMasked()]`. Defaults to `None`.
+        **kwargs: passed to `keras.Model` (e.g. `name`).
+
+    Example:
+
+    ```python
+    model = keras_as_softmax.ASSpeed(
+        base_model,
+        lam=0.5,
+        max_steps=4,
+        sample_filter=keras_as_softmax.filters.SkipMasked(),
+    )
+    model.compile(optimizer="adamw",
+                  loss=keras_as_softmax.ASSoftmaxLoss(0.3),
+                  metrics=["accuracy"], jit_compile=True)
+    model.fit(train_ds, validation_data=val_ds, epochs=8)
+    ```
+
+    Reference:
+        Lv et al., "Adaptive Sparse Softmax: An Effective and Efficient
+        Softmax Variant" (section 3.3, eq. 19); Jiang et al.,
+        "Accelerating Deep Learning by Focusing on the Biggest Losers"
+        (Selective-Backprop, 2019); Qin et al., "InfoBatch", ICLR 2024.
+    """
+
+    def __init__(
+        self, model, lam=0.5, max_steps=4, sample_filter=None, **kwargs
+    ):
+        filter_spec = kwargs.pop("filter_spec", None)
+        if not isinstance(model, keras.Model):
+            raise ValueError(
+                "Expected `model` to be a keras.Model (functional, "
+                "sequential, subclassed or a keras-hub task). "
+                f"Received: model={model!r}"
+            )
+        if isinstance(model, ASSpeed):
+            raise ValueError(
+                "Expected an unwrapped model. Received: an ASSpeed model."
+            )
+        super().__init__(**kwargs)
+        self.inner_model = model
+        self.lam = check_positive(lam, "lam")
+        self.max_steps = check_int(max_steps, "max_steps", 1)
+        self.sample_filters = filters_lib.as_list(sample_filter)
+        self.masked_ratio_tracker = MaskedRatio(name="masked_ratio")
+        self.trained_fraction_tracker = keras.metrics.Mean(
+            name="trained_fraction"
+        )
+        self._filter_spec = None
+        self._steps_per_epoch = None
+        self._epochs = 1
+        self._initial_epoch = 0
+        if model.built:
+            self._create_state()
+            self.built = True
+        if filter_spec is not None:
+            self._create_filter_state(filter_spec)
+
+    # ------------------------------------------------------------- structure
+
+    @property
+    def _filter_pair(self):
+        """`(SkipMaskedLastSeen or None, SkipMasked or None)`."""
+        last_seen = skip = None
+        for f in self.sample_filters:
+            if isinstance(f, filters_lib.SkipMaskedLastSeen):
+                last_seen = f
+            else:
+                skip = f
+        return last_seen, skip
+
+    @property
+    def _last_seen(self):
+        return self._filter_pair[0]
+
+    def build(self, input_shape=None):
+        if not self.inner_model.trainable_variables and input_shape is not None:
+            # A subclassed model creates its weights on its first call.
+            self.inner_model(
+                keras.tree.map_shape_structure(keras.KerasTensor, input_shape)
+            )
+        self._create_state()
+        self.built = True
+
+    def _state(self, name, dtype, shape=(), initializer="zeros"):
+        # Under tf.distribute every replica writes the same all-reduced
+        # values, so the first replica's write is the one kept.
+        return self.add_weight(
+            shape=shape,
+            dtype=dtype,
+            initializer=initializer,
+            trainable=False,
+            aggregation="only_first_replica",
+            name=name,
+        )
+
+    def _create_state(self):
+        if getattr(self, "_state_created", False):
+            return
+        variables = self.inner_model.trainable_variables
+        if not variables:
+            raise ValueError(
+                "ASSpeed needs a model with trainable weights. Received a "
+                f"model with none: {self.inner_model.name!r}"
+            )
+        self._accumulation = accumulation.AccumulationState(
+            grad_sum=[
+                self._state(f"grad_accumulator_{i}", v.dtype, v.shape)
+                for i, v in enumerate(variables)
+            ],
+            micro_batches=self._state("window_batches", "int32"),
+            rows=self._state("window_rows", "float32"),
+            masked_rows=self._state("window_masked_rows", "float32"),
+            steps=self._state("accum_steps", "int32", initializer="ones"),
+        )
+        self._drawn = self._state("drawn_batches", "int32")
+        last_seen = self._last_seen
+        if last_seen is not None:
+            self._memory = self._state(
+                "last_seen_masked", "float32", (last_seen.num_samples,)
+            )
+            self._seed = keras.random.SeedGenerator(
+                last_seen.seed, name="revisit_seed"
+            )
+        self._state_created = True
+
+    def _create_filter_state(self, spec):
+        """Creates the queues from `spec`: the batch size, then
+        `(shape, dtype)` of every queued leaf and the model's output."""
+        if self._filter_spec is not None:
+            return
+        if not self.built:
+            self.build()
+        size = spec["batch_size"]
+        self._filter_batch_size = size
+        self._row_tail = tuple(spec["row_tail"])
+        self._output_tail = tuple(spec["output_tail"])
+        self._output_dtype = spec["output_dtype"]
+        leaves = [(tuple(s), d) for s, d in spec["leaves"]]
+
+        def queue(prefix):
+            return _queue.RowQueue(
+                [
+                    self._state(f"{prefix}_{i}", d, (2 * size, *s))
+                    for i, (s, d) in enumerate(leaves)
+                ],
+                self._state(f"{prefix}_count", "int32"),
+            )
+
+        last_seen, skip = self._filter_pair
+        self._score_queue = (
+            queue("score_queue") if last_seen is not None and skip else None
+        )
+        self._train_queue = queue("train_queue")
+        self._masked_share = self._state("masked_share", "float32")
+        self._filter_spec = spec
+
+    def _filter_state(self):
+        """The filter state as values (`FilterState`)."""
+        value = lambda v: None if v is None else v.value  # noqa: E731
+
+        def queue(q):
+            if q is None:
+                return None
+            return _queue.RowQueue([b.value for b in q.buffers], q.count.value)
+
+        return FilterState(
+            score_queue=queue(self._score_queue),
+            train_queue=queue(self._train_queue),
+            memory=value(getattr(self, "_memory", None)),
+            masked_share=self._masked_share.value,
+        )
+
+    def _assign_filter_state(self, state):
+        def queue(variables, values):
+            if variables is None:
+                return
+            for v, x in zip(variables.buffers, values.buffers):
+                v.assign(x)
+            variables.count.assign(values.count)
+
+        queue(self._score_queue, state.score_queue)
+        queue(self._train_queue, state.train_queue)
+        if state.memory is not None:
+            self._memory.assign(state.memory)
+        self._masked_share.assign(state.masked_share)
+
+    def _filter_variables(self):
+        """The variables a filtered step assigns besides the model's."""
+        found = [self._masked_share]
+        for q in (self._score_queue, self._train_queue):
+            if q is not None:
+                found += [*q.buffers, q.count]
+        if self._last_seen is not None:
+            found += [self._memory, self._seed.state]
+        return found
+
+    def _epoch_state(self):
+        """`(epoch, epochs)`: the epoch a drawn batch belongs to."""
+        spe = max(self._steps_per_epoch or 1, 1)
+        epoch = self._initial_epoch + self._drawn.value // spe
+        return epoch, self._epochs
+
+    def call(self, inputs, training=None):
+        inputs, _ = filters_lib.split_sample_ids(inputs)
+        return self.inner_model(inputs, training=training)
+
+    @property
+    def accumulation_steps(self):
+        """The current number of micro-batches per optimizer update (int)."""
+        return int(ops.convert_to_numpy(self._accumulation.steps))
+
+    @accumulation_steps.setter
+    def accumulation_steps(self, value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not 1 <= value <= self.max_steps
+        ):
+            raise ValueError(
+                "Expected `accumulation_steps` to be an int in "
+                f"[1, {self.max_steps}] (max_steps). Received: {value!r}"
+            )
+        self._accumulation.steps.assign(value)
+
+    @property
+    def last_seen_masked_fraction(self):
+        """Share of the training set masked when last seen (or `None`)."""
+        if self._last_seen is None:
+            return None
+        return float(np.mean(ops.convert_to_numpy(self._memory)))
+
+    @property
+    def preprocessor(self):
+        """The wrapped keras-hub task's preprocessor, or `None`."""
+        return getattr(self.inner_model, "preprocessor", None)
+
+    # ---------------------------------------------------------------- checks
+
+    def compile(self, *args, **kwargs):
+        super().compile(*args, **kwargs)
+        self._check_compiled()
+
+    def _check_compiled(self):
+        """Everything that `compile()` can know: the loss, the filters'
+        needs. Raises one `ValueError` naming expected and received."""
+        loss = self.loss
+        if not isinstance(loss, keras.losses.Loss):
+            raise ValueError(
+                "ASSpeed counts masked rows with the loss's per-row values, "
+                "so compile it with one keras.losses.Loss instance, such as "
+                "keras_as_softmax.ASSoftmaxLoss(0.3) (one output; models "
+                f"with several outputs are not supported). Received: loss={loss!r}"
+            )
+        if self.sample_filters and loss.reduction not in _FILTER_REDUCTIONS:
+            raise ValueError(
+                "A sample filter reweights per-row losses, which needs the "
+                f"reduction to be one of {_FILTER_REDUCTIONS}. Received: "
+                f"reduction={loss.reduction!r}"
+            )
+        replicas = self._replicas()
+        if self.sample_filters and replicas > 1:
+            raise ValueError(
+                "ASSpeed's sample filters train on one device. Expected one "
+                f"replica. Received: a distribution with {replicas} replicas."
+            )
+
+    def _replicas(self):
+        if _BACKEND == "tensorflow":
+            return self.distribute_strategy.num_replicas_in_sync
+        distribution = keras.distribution.distribution()
+        if distribution is None:
+            return 1
+        return len(distribution.device_mesh.devices.flatten())
+
+    # ------------------------------------------------------------- training
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        # Evaluation counts masked rows here; train steps count them where
+        # they have the per-row values and call `_step_metrics`.
+        counts = count_masked_rows(self.loss, y, y_pred, sample_weight)
+        self.masked_ratio_tracker.update_counts(*counts)
+        return super().compute_metrics(x, y, y_pred, sample_weight)
+
+    def _step_metrics(self, x, y, y_pred, sample_weight, counts, trained):
+        """The train step's metric updates: counts it already has."""
+        self.masked_ratio_tracker.update_counts(*counts)
+        self.trained_fraction_tracker.update_state(trained)
+        return keras.Model.compute_metrics(self, x, y, y_pred, sample_weight)
+
+    # ------------------------------------------------------ data and fit
+
+    def _with_preprocessor(self, x, y, sample_weight, batch_size):
+        preprocessor = self.preprocessor
+        if preprocessor is None or x is None:
+            return x, y, sample_weight
+        import tensorflow as tf
+
+        if not isinstance(x, tf.data.Dataset):
+            data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+            x = tf.data.Dataset.from_tensor_slices(data).batch(batch_size or 32)
+
+        def preprocess(*element):
+            inputs, ids = filters_lib.split_sample_ids(element[0])
+            out = preprocessor(inputs, *element[1:])
+            if ids is None:
+                return out
+            if not isinstance(out, tuple):
+                out = (out,)
+            return (filters_lib.attach_sample_ids(out[0], ids), *out[1:])
+
+        x = x.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+        return x.prefetch(tf.data.AUTOTUNE), None, None
+
+    def fit(
+        self,
+        x=None,
+        y=None,
+        batch_size=None,
+        epochs=1,
+        sample_weight=None,
+        validation_data=None,
+        steps_per_epoch=None,
+        initial_epoch=0,
+        **kwargs,
+    ):
+        if validation_data is not None and self.preprocessor is not None:
+            validation_data = self._with_preprocessor(
+                *keras.utils.unpack_x_y_sample_weight(validation_data)
+                if isinstance(validation_data, tuple)
+                else (validation_data, None, None),
+                batch_size,
+            )[0]
+        if self.sample_filters:
+            self._prepare_filters(
+                x, y, sample_weight, batch_size, epochs, steps_per_epoch,
+                initial_epoch,
+            )
+        x, y, sample_weight = self._with_preprocessor(
+            x, y, sample_weight, batch_size
+        )
+        if self.preprocessor is not None:
+            batch_size = None
+        return super().fit(
+            x=x,
+            y=y,
+            batch_size=batch_size,
+            epochs=epochs,
+            sample_weight=sample_weight,
+            validation_data=validation_data,
+            steps_per_epoch=steps_per_epoch,
+            initial_epoch=initial_epoch,
+            **kwargs,
+        )
+
+    def _prepare_filters(
+        self, x, y, sample_weight, batch_size, epochs, steps_per_epoch,
+        initial_epoch,
+    ):
+        """Checks the data against the filters and builds their state,
+        before the first batch."""
+        import tensorflow as tf
+
+        if self.optimizer is None:
+            raise ValueError("Call `compile()` before `fit()`.")
+        self._check_compiled()
+        is_dataset = isinstance(x, tf.data.Dataset)
+        if is_dataset:
+            first = next(iter(x.take(1)))
+            first_x, first_y, first_w = keras.utils.unpack_x_y_sample_weight(
+                first
+            )
+        else:
+            size = batch_size or 32
+            take = lambda t: None if t is None else (  # noqa: E731
+                keras.tree.map_structure(lambda a: np.asarray(a)[:size], t)
+            )
+            first_x, first_y, first_w = take(x), take(y), take(sample_weight)
+        inputs, ids = filters_lib.split_sample_ids(first_x)
+        last_seen = self._last_seen
+        if last_seen is not None:
+            if ids is None:
+                raise ValueError(
+                    "SkipMaskedLastSeen needs each sample's id. Expected "
+                    "inputs made by keras_as_softmax.filters.with_sample_ids "
+                    "(arrays) or index_dataset (a tf.data.Dataset): a dict "
+                    "{'inputs': x, 'sample_id': ids}. Received inputs of type "
+                    f"{type(first_x).__name__}"
+                )
+            self._check_ids(x, is_dataset, last_seen.num_samples)
+        batch = int(np.shape(keras.tree.flatten(inputs)[0])[0])
+        if self.preprocessor is not None:
+            data = self._with_preprocessor(first_x, first_y, first_w, batch)[0]
+            first_x, first_y, first_w = keras.utils.unpack_x_y_sample_weight(
+                next(iter(data))
+            )
+            inputs, _ = filters_lib.split_sample_ids(first_x)
+        if not self.built:
+            self.build(keras.tree.map_structure(np.shape, inputs))
+        output = self.inner_model.compute_output_spec(
+            keras.tree.map_structure(
+                lambda a: keras.KerasTensor(np.shape(a), _dtype(a)), inputs
+            )
+        )
+        if isinstance(output, (list, tuple, dict)):
+            raise ValueError(
+                "ASSpeed's sample filters need a model with one output. "
+                f"Received outputs: {output!r}"
+            )
+        row_tail = tuple(output.shape[1:-1])
+        leaves = [
+            (tuple(np.shape(a)[1:]), _dtype(a))
+            for a in keras.tree.flatten(inputs) + keras.tree.flatten(first_y)
+        ]
+        row = (row_tail, "float32")
+        leaves += [row, row, ((), "int32"), ((), "float32")]
+        spec = {
+            "batch_size": batch,
+            "row_tail": list(row_tail),
+            "output_tail": list(output.shape[1:]),
+            "output_dtype": keras.backend.standardize_dtype(output.dtype),
+            "leaves": [[list(s), d] for s, d in leaves],
+        }
+        if self._filter_spec is not None and self._filter_spec != spec:
+            raise ValueError(
+                "ASSpeed's filter queues were built for batches of another "
+                f"shape. Expected: {self._filter_spec}. Received: {spec}"
+            )
+        self._create_filter_state(spec)
+        if steps_per_epoch is None:
+            if is_dataset:
+                cardinality = int(x.cardinality())
+                steps_per_epoch = cardinality if cardinality > 0 else None
+            else:
+                n = len(keras.tree.flatten(x)[0])
+                steps_per_epoch = -(-n // batch)
+        if steps_per_epoch is None:
+            raise ValueError(
+                "Sample filters schedule by epoch: pass `steps_per_epoch` "
+                "for a dataset of unknown length. Received: "
+                "steps_per_epoch=None"
+            )
+        self._steps_per_epoch = int(steps_per_epoch)
+        self._epochs = int(epochs)
+        self._initial_epoch = int(initial_epoch)
+        self._drawn.assign(0)
+        # The schedule is part of the traced step.
+        self.train_function = None
+
+    @staticmethod
+    def _check_ids(x, is_dataset, num_samples):
+        if is_dataset:
+            ids = x.map(lambda x, *_: x[filters_lib.SAMPLE_ID_KEY])
+            high = int(ids.reduce(np.int64(-1), lambda a, b: np.maximum(
+                a, keras.ops.cast(keras.ops.max(b), "int64"))))
+            low = int(ids.reduce(np.int64(0), lambda a, b: np.minimum(
+                a, keras.ops.cast(keras.ops.min(b), "int64"))))
+        else:
+            ids = np.asarray(x[filters_lib.SAMPLE_ID_KEY])
+            high, low = int(ids.max()), int(ids.min())
+        if low < 0 or high >= num_samples:
+            raise ValueError(
+                "Expected sample ids in [0, num_samples) = "
+                f"[0, {num_samples}). Received ids in [{low}, {high}]."
+            )
+
+    def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs):
+        x, y, sample_weight = self._with_preprocessor(x, y, sample_weight, batch_size)
+        if self.preprocessor is not None:
+            batch_size = None
+        return super().evaluate(
+            x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, **kwargs
+        )
+
+    def predict(self, x, batch_size=None, **kwargs):
+        if self.preprocessor is not None:
+            x = self._with_preprocessor(x, None, None, batch_size)[0]
+            batch_size = None
+        return super().predict(x, batch_size=batch_size, **kwargs)
+
+    # ---------------------------------------------------------- serialization
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            model=keras.saving.serialize_keras_object(self.inner_model),
+            lam=self.lam,
+            max_steps=self.max_steps,
+            sample_filter=[
+                keras.saving.serialize_keras_object(f)
+                for f in self.sample_filters
+            ],
+            filter_spec=self._filter_spec,
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        config["model"] = keras.saving.deserialize_keras_object(
+            config["model"], custom_objects=custom_objects
+        )
+        config["sample_filter"] = [
+            keras.saving.deserialize_keras_object(f)
+            for f in config.get("sample_filter") or []
+        ]
+        return cls(**config)
+
+
+def _dtype(a):
+    return keras.backend.standardize_dtype(
+        a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
+    )
