@@ -8,7 +8,7 @@ import pytest
 from keras import ops
 
 import keras_as_softmax as kas
-from keras_as_softmax.as_speed import next_accumulation_steps
+from keras_as_softmax.training.accumulation import next_accumulation_steps
 from tests.backend_utils import BACKEND
 
 pytestmark = pytest.mark.skipif(
@@ -331,9 +331,6 @@ def test_token_classification_counts_only_real_tokens():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="keras.Model"):
         kas.ASSpeed(keras.layers.Dense(3))
-    if BACKEND == "jax":
-        with pytest.raises(ValueError, match="tensorflow backend"):
-            kas.ASSpeed(make_model(), skip_masked=True)
     with pytest.raises(ValueError, match="lam"):
         kas.ASSpeed(make_model(), lam=0)
     with pytest.raises(ValueError, match="max_steps"):
@@ -423,7 +420,7 @@ import numpy as np, keras, keras_as_softmax as kas
 def train(strategy):
     model, steps, log = build(strategy)
     history = model.fit(data, epochs=3, verbose=0, callbacks=[log])
-    per_replica = [int(v.numpy()) for v in strategy.experimental_local_results(model._accum_steps.value)]
+    per_replica = [int(v.numpy()) for v in strategy.experimental_local_results(model._accumulation.steps.value)]
     return model, steps, history.history, per_replica
 
 single, single_steps, single_hist, _ = train(tf.distribute.get_strategy())
@@ -441,8 +438,8 @@ def one_device_error(**kwargs):
         return str(error)
 
 print(json.dumps({
-    "errors": [one_device_error(skip_masked=True),
-               one_device_error(sample_skipper=kas.MaskedSampleSkipper(96))],
+    "errors": [one_device_error(sample_filter=kas.filters.SkipMasked()),
+               one_device_error(sample_filter=kas.filters.SkipMaskedLastSeen(96))],
     "diff": max(float(np.abs(a - b).max()) for a, b in zip(single.get_weights(), mirrored.get_weights())),
     "single_steps": single_steps, "mirrored_steps": mirrored_steps, "per_replica": per_replica,
     "updates": [int(keras.ops.convert_to_numpy(m.optimizer.iterations)) for m in (single, mirrored)],
@@ -470,7 +467,7 @@ def test_mirrored_strategy_matches_single_device():
     np.testing.assert_allclose(result["masked"][0], result["masked"][1])
     # The levers that drop samples inside a step refuse several replicas.
     for error in result["errors"]:
-        assert error is not None and "one device" in error and "2 replicas" in error
+        assert error is not None and "one replica" in error and "2 replicas" in error
 
 
 # One process of a two-worker MultiWorkerMirroredStrategy cluster on

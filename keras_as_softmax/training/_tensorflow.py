@@ -116,9 +116,6 @@ class ASSpeedTrainer:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         strategy = tf.distribute.get_strategy()
         replicas = strategy.num_replicas_in_sync
-        state = accumulation.AccumulationState(
-            *keras.tree.map_structure(lambda v: v.value, tuple(self._accumulation))
-        )
         if self.sample_filters:
             inputs, ids = filters.split_sample_ids(x)
             draws = None
@@ -166,6 +163,10 @@ class ASSpeedTrainer:
             self._loss_tracker.update_state(
                 loss * replicas, sample_weight=_batch_size(x)
             )
+        # Read after the forward pass, which builds a subclassed model.
+        state = accumulation.AccumulationState(
+            *keras.tree.map_structure(lambda v: v.value, tuple(self._accumulation))
+        )
         self._drawn.assign_add(1)
         context = tf.distribute.get_replica_context()
         if replicas > 1:

@@ -323,13 +323,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
 
     # ---------------------------------------------------------------- checks
 
-    def compile(self, *args, **kwargs):
-        super().compile(*args, **kwargs)
-        self._check_compiled()
-
     def _check_compiled(self):
-        """Everything that `compile()` can know: the loss, the filters'
-        needs. Raises one `ValueError` naming expected and received."""
+        """What `fit()` checks before the first batch: the loss, the
+        filters' needs, the devices. Raises one `ValueError` naming what was
+        expected and what came."""
+        if self.optimizer is None:
+            raise ValueError("Call `compile()` before `fit()`.")
         loss = self.loss
         if not isinstance(loss, keras.losses.Loss):
             raise ValueError(
@@ -410,6 +409,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         initial_epoch=0,
         **kwargs,
     ):
+        self._check_compiled()
         if validation_data is not None and self.preprocessor is not None:
             validation_data = self._with_preprocessor(
                 *keras.utils.unpack_x_y_sample_weight(validation_data)
@@ -447,9 +447,6 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         before the first batch."""
         import tensorflow as tf
 
-        if self.optimizer is None:
-            raise ValueError("Call `compile()` before `fit()`.")
-        self._check_compiled()
         is_dataset = isinstance(x, tf.data.Dataset)
         if is_dataset:
             first = next(iter(x.take(1)))
