@@ -1,0 +1,311 @@
+"""Sample filters: the queue, the pipeline's bookkeeping, and training."""
+
+import types
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_as_softmax as kas
+from keras_as_softmax import filters
+from keras_as_softmax.training import _filtering
+from keras_as_softmax.training import _queue
+from tests.backend_utils import BACKEND
+
+pytestmark = pytest.mark.skipif(
+    BACKEND not in ("tensorflow", "jax"), reason="ASSpeed runs on tensorflow and jax"
+)
+
+JIT = [True, False] if BACKEND == "tensorflow" else [True]
+NUM_CLASSES = 4
+
+
+# ------------------------------------------------------------------ queue
+
+
+def test_queue_appends_kept_rows_in_order_and_pops_the_front():
+    queue = _queue.RowQueue([np.zeros((8,), "int32")], np.int32(0))
+    queue = _queue.push(queue, [np.arange(4, dtype="int32")], np.array([1, 0, 1, 1], bool))
+    queue = _queue.push(queue, [np.arange(10, 14, dtype="int32")], np.array([0, 1, 0, 1], bool))
+    assert int(queue.count) == 5
+    np.testing.assert_array_equal(ops.convert_to_numpy(queue.buffers[0])[:5], [0, 2, 3, 11, 13])
+    rows, queue = _queue.pop(queue, 4)
+    np.testing.assert_array_equal(ops.convert_to_numpy(rows[0]), [0, 2, 3, 11])
+    assert int(queue.count) == 1
+    assert int(ops.convert_to_numpy(queue.buffers[0])[0]) == 13
+
+
+# ----------------------------------------------------- the pipeline alone
+
+
+class RecordingHooks:
+    """Eager hooks: the 'model' masks the samples listed in `easy`."""
+
+    def __init__(self, easy):
+        self.easy = easy
+        self.trained, self.scored = [], []
+
+    def model_state(self):
+        return 0
+
+    def set_model_state(self, state):
+        pass
+
+    def cond(self, pred, true_fn, false_fn, operands):
+        return true_fn(operands) if bool(ops.convert_to_numpy(pred)) else false_fn(operands)
+
+    def zero_grads(self):
+        return [np.zeros(1, "float32")]
+
+    def _predict(self, x):
+        ids = ops.convert_to_numpy(x)[:, 0].astype(int)
+        logits = np.zeros((len(ids), NUM_CLASSES), "float32")
+        logits[np.isin(ids, list(self.easy)), 0] = 10.0  # label 0: masked
+        return logits, ids
+
+    def score(self, state, x):
+        logits, ids = self._predict(x)
+        self.scored.append(ids)
+        return logits, state
+
+    def train(self, state, x, y, coefficients):
+        logits, ids = self._predict(x)
+        self.trained.append((ids, ops.convert_to_numpy(coefficients)))
+        values = _filtering.row_values(kas.ASSoftmaxLoss(0.3), y, logits)
+        return self.zero_grads(), logits, values, ops.sum(values), state
+
+
+def run_pipeline(sample_filter, easy, n=32, batch=4, epochs=3):
+    sample_filter = filters.as_list(sample_filter)
+    last_seen = next((f for f in sample_filter if f.needs_sample_ids), None)
+    skip = next((f for f in sample_filter if f.scores), None)
+    leaves = [((1,), "float32"), ((), "float32"), ((), "float32"), ((), "float32"),
+              ((), "int32"), ((), "float32")]
+
+    def queue():
+        return _queue.RowQueue(
+            [np.zeros((2 * batch, *s), d) for s, d in leaves], np.int32(0)
+        )
+
+    state = _filtering.FilterState(
+        score_queue=queue() if last_seen and skip else None,
+        train_queue=queue(),
+        memory=np.zeros(n, "float32") if last_seen else None,
+        masked_share=np.float32(1.0),
+    )
+    epoch = [0]
+    model = types.SimpleNamespace(
+        _filter_pair=(last_seen, skip),
+        loss=kas.ASSoftmaxLoss(0.3),
+        _filter_batch_size=batch,
+        _row_tail=(),
+        _output_tail=(NUM_CLASSES,),
+        _output_dtype="float32",
+        _epoch_state=lambda: (epoch[0], epochs),
+    )
+    hooks = RecordingHooks(easy)
+    rng = np.random.default_rng(0)
+    per_epoch = []
+    for e in range(epochs):
+        epoch[0] = e
+        start = len(hooks.trained)
+        for ids in rng.permutation(n).reshape(-1, batch):
+            x = ids[:, None].astype("float32")
+            y = np.zeros(batch, "float32")
+            output, state = _filtering.filtered_step(
+                model, state, x, y, None, ids.astype("int32"),
+                rng.uniform(size=batch).astype("float32"), hooks,
+            )
+        per_epoch.append(hooks.trained[start:])
+    return hooks, per_epoch, state
+
+
+@pytest.mark.parametrize(
+    "sample_filter",
+    [
+        filters.SkipMasked(min_masked_ratio=0.0),
+        filters.SkipMaskedLastSeen(32, revisit=0.25),
+        [filters.SkipMaskedLastSeen(32, revisit=0.25), filters.SkipMasked(0.0)],
+    ],
+    ids=["skip_masked", "last_seen", "both"],
+)
+def test_every_training_pass_holds_a_full_batch_of_kept_samples(sample_filter):
+    easy = set(range(0, 32, 2))  # half of the samples are masked
+    hooks, per_epoch, _ = run_pipeline(sample_filter, easy)
+    # Warm-up epoch: everything, each sample once.
+    first = np.concatenate([ids for ids, _ in per_epoch[0]])
+    assert sorted(first.tolist()) == list(range(32))
+    for ids, coefficients in hooks.trained:
+        assert len(ids) == 4  # every pass is a full batch
+        assert np.all(coefficients > 0)
+    later = np.concatenate([ids for e in per_epoch[1:] for ids, _ in e])
+    if isinstance(sample_filter, filters.SkipMasked):
+        # Scored samples: only the hard ones train, each once per epoch.
+        assert set(later.tolist()) <= set(range(1, 32, 2))
+        counts = np.bincount(later, minlength=32)
+        assert counts.max() <= 2 and counts[1::2].sum() == len(later)
+    else:
+        # Hard samples are never left out; easy ones only when revisited.
+        hard_counts = np.bincount(later, minlength=32)[1::2]
+        assert hard_counts.min() >= 1
+        assert len(later) < 2 * 32
+
+
+def test_revisited_samples_are_weighted_by_the_inverse_probability():
+    f = filters.SkipMaskedLastSeen(100, revisit=0.25, max_skipped_fraction=1.0)
+    was = np.array([True, True, False, True])
+    keep, weight = f.select(was, np.array([0.1, 0.9, 0.9, 0.2], "float32"))
+    np.testing.assert_array_equal(ops.convert_to_numpy(keep), [True, False, True, True])
+    np.testing.assert_allclose(ops.convert_to_numpy(weight), [4.0, 1.0, 1.0, 4.0])
+    # The cap: at most half left out, so the revisit probability rises to 1/2.
+    capped = filters.SkipMaskedLastSeen(100, revisit=0.25, max_skipped_fraction=0.5)
+    keep, weight = capped.select(np.ones(4, bool), np.array([0.1, 0.4, 0.6, 0.9], "float32"))
+    np.testing.assert_array_equal(ops.convert_to_numpy(keep), [True, True, False, False])
+    np.testing.assert_allclose(ops.convert_to_numpy(weight), [2.0, 2.0, 1.0, 1.0])
+
+
+def test_schedule_warms_up_and_anneals():
+    f = filters.SkipMasked(warmup_epochs=1, anneal_fraction=0.25)
+    active = [bool(ops.convert_to_numpy(f.active(e, 8))) for e in range(8)]
+    assert active == [False, True, True, True, True, True, False, False]
+
+
+# --------------------------------------------------------------- training
+
+
+def identity_model():
+    """Logits = inputs @ W with W = I at first, so the data picks the masks."""
+    inputs = keras.Input((NUM_CLASSES,))
+    outputs = keras.layers.Dense(NUM_CLASSES, kernel_initializer="identity")(inputs)
+    return keras.Model(inputs, outputs)
+
+
+def two_batches(seed=0):
+    """Two batches of 4; in each, 2 samples are masked (delta 0.3)."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, NUM_CLASSES, 8)
+    x = 8.0 * np.eye(NUM_CLASSES, dtype="float32")[y]
+    for hard in (0, 3, 5, 6):
+        x[hard] = 0.1 * rng.standard_normal(NUM_CLASSES).astype("float32")
+    weights = rng.uniform(0.5, 2.0, 8).astype("float32")
+    return x, y, weights
+
+
+def fit_window(sample_filter, jit_compile):
+    x, y, weights = two_batches()
+    model = identity_model()
+    wrapped = kas.ASSpeed(model, lam=0.5, max_steps=2, sample_filter=sample_filter)
+    wrapped.accumulation_steps = 2
+    wrapped.compile(optimizer=keras.optimizers.SGD(0.5), loss=kas.ASSoftmaxLoss(0.3),
+                    jit_compile=jit_compile)
+    history = wrapped.fit(x, y, sample_weight=weights, batch_size=4, epochs=1,
+                          shuffle=False, verbose=0)
+    return model, history.history
+
+
+@pytest.mark.parametrize("jit_compile", JIT)
+def test_skip_masked_gives_the_plain_update(jit_compile):
+    """A window of two batches with two unmasked samples each: one training
+    pass on the four, with their batches' coefficients, equals the plain
+    accumulated update."""
+    plain, plain_logs = fit_window(None, jit_compile)
+    skip, skip_logs = fit_window(filters.SkipMasked(0.0, warmup_epochs=0), jit_compile)
+    assert not np.allclose(plain.get_weights()[0], np.eye(NUM_CLASSES))
+    for a, b in zip(plain.get_weights(), skip.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert skip_logs["trained_fraction"][0] == 0.5
+    np.testing.assert_allclose(skip_logs["masked_ratio"][0], plain_logs["masked_ratio"][0])
+
+
+def test_low_masked_share_takes_plain_steps():
+    x, y, _ = two_batches()
+    x = 0.01 * x  # nothing is masked
+    model = identity_model()
+    wrapped = kas.ASSpeed(model, sample_filter=filters.SkipMasked(warmup_epochs=0))
+    wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT[0])
+    logs = wrapped.fit(x, y, batch_size=4, epochs=2, verbose=0).history
+    # No scoring pass, and one training pass per drawn batch, as a plain step.
+    assert logs["trained_fraction"] == [1.0, 1.0]
+    assert float(ops.convert_to_numpy(wrapped._masked_share)) < 0.5
+
+
+def sentence_data(n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 6)).astype("float32")
+    return x, (x[:, :NUM_CLASSES].argmax(-1)).astype("int32")
+
+
+def small_model(seed=1):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(16, activation="relu")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(NUM_CLASSES)(hidden))
+
+
+@pytest.mark.parametrize("jit_compile", JIT)
+def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
+    x, y = sentence_data()
+    f = filters.SkipMaskedLastSeen(64, revisit=0.3, seed=1)
+    wrapped = kas.ASSpeed(small_model(), sample_filter=[f, filters.SkipMasked()])
+    wrapped.compile(optimizer=keras.optimizers.Adam(0.03), loss=kas.ASSoftmaxLoss(0.3),
+                    metrics=["accuracy"], jit_compile=jit_compile)
+    logs = wrapped.fit(filters.with_sample_ids(x), y, batch_size=8, epochs=6,
+                       verbose=0).history
+    assert logs["trained_fraction"][0] == 1.0  # the first epoch trains on all
+    assert min(logs["trained_fraction"][1:]) < 1.0
+    memory = ops.convert_to_numpy(wrapped._memory)
+    assert 0.0 < memory.mean() < 1.0
+    path = str(tmp_path / "filtered.keras")
+    wrapped.save(path)
+    loaded = keras.saving.load_model(path)
+    assert [type(g) for g in loaded.sample_filters] == [
+        filters.SkipMaskedLastSeen, filters.SkipMasked]
+    assert loaded.sample_filters[0].get_config() == f.get_config()
+    np.testing.assert_array_equal(ops.convert_to_numpy(loaded._memory), memory)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), wrapped.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-6)
+    # Prediction and evaluation also take inputs with ids.
+    loaded.evaluate(filters.with_sample_ids(x), y, verbose=0)
+
+
+def test_token_rows_with_ignored_positions():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 5, 6)).astype("float32")
+    y = x[..., :NUM_CLASSES].argmax(-1).astype("int32")
+    y[:, 3:] = -1
+    inputs = keras.Input((5, 6))
+    model = keras.Model(inputs, keras.layers.Dense(NUM_CLASSES)(inputs))
+    wrapped = kas.ASSpeed(model, sample_filter=filters.SkipMasked(0.0, warmup_epochs=0))
+    wrapped.compile(optimizer=keras.optimizers.Adam(0.05),
+                    loss=kas.ASSoftmaxLoss(0.3, ignore_class=-1), jit_compile=JIT[0])
+    logs = wrapped.fit(x, y, batch_size=8, epochs=8, verbose=0).history
+    assert logs["masked_ratio"][-1] > 0.2
+    assert logs["trained_fraction"][-1] < 1.0
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="revisit"):
+        filters.SkipMaskedLastSeen(10, revisit=1.5)
+    with pytest.raises(ValueError, match="revisit"):
+        filters.SkipMaskedLastSeen(10, revisit=0.0)
+    with pytest.raises(ValueError, match="num_samples"):
+        filters.SkipMaskedLastSeen(0)
+    with pytest.raises(ValueError, match="min_masked_ratio"):
+        filters.SkipMasked(min_masked_ratio=-0.1)
+    with pytest.raises(ValueError, match="sample_filter"):
+        kas.ASSpeed(small_model(), sample_filter="skip")
+    with pytest.raises(ValueError, match="SkipMaskedLastSeen first"):
+        kas.ASSpeed(small_model(), sample_filter=[filters.SkipMasked(),
+                                                  filters.SkipMaskedLastSeen(4)])
+    x, y = sentence_data(32)
+    wrapped = kas.ASSpeed(small_model(), sample_filter=filters.SkipMaskedLastSeen(16))
+    wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
+    with pytest.raises(ValueError, match=r"\[0, 16\).*\[0, 31\]"):
+        wrapped.fit(filters.with_sample_ids(x), y, batch_size=8, verbose=0)
+    with pytest.raises(ValueError, match="sample_id"):
+        wrapped.fit(x, y, batch_size=8, verbose=0)
+    wrapped = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
+    wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3, reduction="mean"))
+    with pytest.raises(ValueError, match="reduction"):
+        wrapped.fit(x, y, batch_size=8, verbose=0)
