@@ -1,4 +1,4 @@
-"""Build the small offline WordNet 3.0 datasets bundled with `keras_as_softmax`.
+"""Build the small offline WordNet 3.0 datasets bundled with the lab package.
 
 The three datasets are built from the plain-text WordNet 3.0 database that
 Debian ships in the `wordnet-base` package (`apt-get install wordnet-base`,
@@ -8,7 +8,7 @@ labelled with WordNet's own lexicographer categories ("lexnames", also known
 as supersenses: `noun.animal`, `verb.motion`, ...).
 
 Outputs (gzip-compressed JSON, written deterministically) in
-`keras_as_softmax/datasets/data/`:
+`lab/as_softmax_lab/datasets/data/`:
 
 * `wordnet_lexname.json.gz` -- multi-class. Text: a synset's definition
   (the gloss without its example sentences and without the synset's lemmas).
@@ -100,6 +100,8 @@ LEXNAMES = (
 
 POS_FILES = ("noun", "verb", "adj", "adv")
 SOURCE = "WordNet 3.0, Princeton University (Debian package wordnet-base)"
+# Written into every file: changing it changes the bundled bytes (the path is
+# where the data lived when the files were built).
 LICENSE = (
     "WordNet 3.0 license: WordNet 3.0 Copyright 2006 by Princeton University. "
     "All rights reserved. See keras_as_softmax/datasets/data/README.md."
@@ -108,7 +110,8 @@ DEFAULT_OUTPUT = os.path.join(
     os.path.dirname(os.path.abspath(__file__)),
     os.pardir,
     os.pardir,
-    "keras_as_softmax",
+    "lab",
+    "as_softmax_lab",
     "datasets",
     "data",
 )

@@ -12,7 +12,7 @@ unchanged (and may need a download).
 Example:
 
 ```python
-from keras_as_softmax import backbones
+from as_softmax_lab import backbones
 
 backbone, tokenizer = backbones.load_bert("offline-minilm")
 preprocessor = backbones.text_classifier_preprocessor(tokenizer, 64)
