@@ -194,7 +194,16 @@ print(f"notebook wall time: {time.perf_counter() - start:.0f}s")
 """
 
 
-def _common_params(source, sources, train_size, eval_size, epochs, sequence_length, delta, evals_per_epoch):
+def _common_params(
+    source,
+    sources,
+    train_size,
+    eval_size,
+    epochs,
+    sequence_length,
+    delta,
+    evals_per_epoch,
+):
     return f"""\
 # Data and backbone. Offline (default): SOURCE = "wordnet", PRESET = "offline-minilm".
 # Online, as in the paper: SOURCE = "{sources}", PRESET = "bert_base_en_uncased".
@@ -215,12 +224,25 @@ QUICK = False         # CI smoke run (run_notebooks.py --quick also shrinks the 
 """
 
 
-def _notebook(title, intro, task_md, params, data_md, data_code, metric, unit, unit_singular, ml_note=""):
+def _notebook(
+    title,
+    intro,
+    task_md,
+    params,
+    data_md,
+    data_code,
+    metric,
+    unit,
+    unit_singular,
+    ml_note="",
+):
     cells = [
         new_markdown_cell(f"# {title}\n\n{intro}\n{AS_SOFTMAX_INTRO}"),
         new_markdown_cell(PARAMS_MD),
         new_code_cell(params, metadata={"tags": ["parameters"]}),
-        new_markdown_cell("## Setup\n\nLoads the backbone once; every run starts from a fresh copy of its weights."),
+        new_markdown_cell(
+            "## Setup\n\nLoads the backbone once; every run starts from a fresh copy of its weights."
+        ),
         new_code_cell(SETUP),
         new_markdown_cell(data_md),
         new_code_cell(data_code),
@@ -232,12 +254,18 @@ def _notebook(title, intro, task_md, params, data_md, data_code, metric, unit, u
         new_code_cell(FIG1),
         new_markdown_cell(TAB4_MD.format(metric=metric)),
         new_code_cell(TAB4),
-        new_markdown_cell(FIG4_MD.format(unit_singular=unit_singular, ml_note=ml_note)),
+        new_markdown_cell(
+            FIG4_MD.format(unit_singular=unit_singular, ml_note=ml_note)
+        ),
         new_code_cell(FIG4),
         new_code_cell(END),
     ]
     nb = new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.metadata["kernelspec"] = {
+        "display_name": "Python 3",
+        "language": "python",
+        "name": "python3",
+    }
     nb.metadata["language_info"] = {"name": "python"}
     return nb
 
@@ -260,9 +288,9 @@ def multiclass():
         "`ASSoftmaxLoss(delta)` for the AS methods; metric: accuracy.\n",
         _common_params("wordnet", "clinc_oos", 768, 256, 2, 32, 0.3, 3),
         "## Data\n\n"
-        "`SOURCE=\"wordnet\"`: WordNet 3.0 synset definitions labelled with one of 45 "
+        '`SOURCE="wordnet"`: WordNet 3.0 synset definitions labelled with one of 45 '
         "lexicographer categories (`noun.animal`, `verb.motion`, ...), bundled with the package. "
-        "`SOURCE=\"clinc_oos\"`: CLINC150 intents (150 classes) through tensorflow-datasets. "
+        '`SOURCE="clinc_oos"`: CLINC150 intents (150 classes) through tensorflow-datasets. '
         "Texts are tokenized once into padded arrays.",
         _data_code("load_text_classification")
         + 'print("example:", repr(data.train.texts[0]), "->", data.class_names[int(data.train.labels[0])])\n',
@@ -285,10 +313,10 @@ def multilabel():
         "over several positives.\n",
         _common_params("wordnet", "goemotions", 768, 256, 2, 40, 0.05, 3),
         "## Data\n\n"
-        "`SOURCE=\"wordnet\"`: for each polysemous WordNet 3.0 word, the definitions of its "
+        '`SOURCE="wordnet"`: for each polysemous WordNet 3.0 word, the definitions of its '
         "senses (the word left out) labelled with the set of their lexicographer categories "
         "(45 classes, about 2 labels per text), bundled with the package. "
-        "`SOURCE=\"goemotions\"`: GoEmotions Reddit comments (28 emotions) through "
+        '`SOURCE="goemotions"`: GoEmotions Reddit comments (28 emotions) through '
         "tensorflow-datasets.",
         _data_code("load_multilabel_classification")
         + "labels = np.asarray(data.train.labels)\n"
@@ -315,12 +343,12 @@ def tokens():
         "`lab.bio_f1_score` on the first pieces.",
         "\nToken loss: `SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)` for "
         "softmax, `ASSoftmaxLoss(delta, ignore_class=-1)` for the AS methods; every tagged "
-        "token is one \"sample\" of the masked ratio.\n",
+        'token is one "sample" of the masked ratio.\n',
         _common_params("wordnet", "conll2003", 768, 256, 2, 32, 0.3, 3),
         "## Data\n\n"
-        "`SOURCE=\"wordnet\"`: WordNet 3.0 example sentences in which the word(s) realising the "
+        '`SOURCE="wordnet"`: WordNet 3.0 example sentences in which the word(s) realising the '
         "illustrated sense are tagged with its coarse category (49 tags: `O` and `B-`/`I-` of 24 "
-        "types such as `verb.motion`), bundled with the package. `SOURCE=\"conll2003\"`: "
+        'types such as `verb.motion`), bundled with the package. `SOURCE="conll2003"`: '
         "CoNLL-2003 English NER (9 tags) through tensorflow-datasets. The cell below also shows "
         "how the tags are aligned to word pieces.",
         _data_code("load_token_classification")
@@ -347,7 +375,9 @@ NOTEBOOKS = {
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Writes the example notebooks (without outputs).")
+    parser = argparse.ArgumentParser(
+        description="Writes the example notebooks (without outputs)."
+    )
     parser.add_argument("--output-dir", default=HERE)
     args = parser.parse_args(argv)
     os.makedirs(args.output_dir, exist_ok=True)

@@ -181,7 +181,7 @@ def test_missing_data_dir(tmp_path):
 def test_builder_gloss_and_morphology():
     builder = _load_builder()
     definition, examples = builder.split_gloss(
-        'move fast by using one\'s feet; "Don\'t run--you\'ll be out of '
+        "move fast by using one's feet; \"Don't run--you'll be out of "
         'breath"; "The children ran to the store"  '
     )
     assert definition == "move fast by using one's feet"
@@ -204,7 +204,13 @@ def test_builder_gloss_and_morphology():
     assert {"mice", "mouses"} <= builder.inflections("mouse", "n", exceptions)
     assert {"bigger", "biggest"} <= builder.inflections("big", "a", exceptions)
     assert builder.tokenize("the dog's tail, wagging.") == [
-        "the", "dog", "'s", "tail", ",", "wagging", ".",
+        "the",
+        "dog",
+        "'s",
+        "tail",
+        ",",
+        "wagging",
+        ".",
     ]
 
 
@@ -249,7 +255,7 @@ def _write_tiny_wordnet(folder):
         "00000006 32 v 02 bark 0 yap 0 000 | speak in an unfriendly tone; "
         '"she barked into the dial"',
     ]
-    adj = ["00000007 00 a 01 big(a) 0 000 | large; \"a bigger house\""]
+    adj = ['00000007 00 a 01 big(a) 0 000 | large; "a bigger house"']
     adv = ['00000008 02 r 01 fast 0 000 | quickly; "he ran fast"']
     files = {
         "data.noun": noun,
@@ -288,12 +294,24 @@ def test_builder_end_to_end_on_tiny_wordnet(tmp_path):
     wordnet_dir.mkdir()
     _write_tiny_wordnet(wordnet_dir)
     args = [
-        "--wordnet-dir", str(wordnet_dir),
-        "--output-dir", str(out_dir),
-        "--lexname-sizes", "4", "1", "1",
-        "--multilabel-sizes", "1", "0", "0",
-        "--token-sizes", "10", "1", "1",
-        "--min-type-count", "1",
+        "--wordnet-dir",
+        str(wordnet_dir),
+        "--output-dir",
+        str(out_dir),
+        "--lexname-sizes",
+        "4",
+        "1",
+        "1",
+        "--multilabel-sizes",
+        "1",
+        "0",
+        "0",
+        "--token-sizes",
+        "10",
+        "1",
+        "1",
+        "--min-type-count",
+        "1",
     ]
     builder.main(args)
     first = {p.name: p.read_bytes() for p in out_dir.iterdir()}
@@ -421,8 +439,15 @@ def test_conll2003_on_mock_data():
             "conll2003", max_examples={"validation": 2}
         )
     assert data.class_names == (
-        "O", "B-PER", "I-PER", "B-ORG", "I-ORG",
-        "B-LOC", "I-LOC", "B-MISC", "I-MISC",
+        "O",
+        "B-PER",
+        "I-PER",
+        "B-ORG",
+        "I-ORG",
+        "B-LOC",
+        "I-LOC",
+        "B-MISC",
+        "I-MISC",
     )
     assert len(data.train.tokens) == 3 and len(data.validation.tokens) == 2
     assert data.train.tokens[1] == ["w0", "w1", "w2"]

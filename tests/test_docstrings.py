@@ -15,5 +15,7 @@ MODULES = [
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
-    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(
+        importlib.import_module(name), optionflags=doctest.ELLIPSIS
+    )
     assert result.attempted > 0 and result.failed == 0

@@ -212,7 +212,12 @@ def read_index(wordnet_dir):
 def read_exceptions(wordnet_dir):
     """Reads `*.exc`: pos -> base form -> set of irregular inflections."""
     exceptions = {}
-    for pos, pos_file in (("n", "noun"), ("v", "verb"), ("a", "adj"), ("r", "adv")):
+    for pos, pos_file in (
+        ("n", "noun"),
+        ("v", "verb"),
+        ("a", "adj"),
+        ("r", "adv"),
+    ):
         table = collections.defaultdict(set)
         path = os.path.join(wordnet_dir, pos_file + ".exc")
         if os.path.exists(path):
@@ -372,7 +377,9 @@ def stratified_split(items, label_of, sizes, min_per_class, rng):
     for label in sorted(by_class):
         members = by_class[label]
         rng.shuffle(members)
-        k = max(min(len(members), min_per_class), round(len(members) * fraction))
+        k = max(
+            min(len(members), min_per_class), round(len(members) * fraction)
+        )
         members = members[:k]
         n_test = round(k * sizes["test"] / total)
         n_val = round(k * sizes["validation"] / total)
@@ -621,15 +628,24 @@ def parse_args(argv):
     parser.add_argument("--output-dir", default=DEFAULT_OUTPUT)
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument(
-        "--lexname-sizes", type=int, nargs=3, default=(20000, 2000, 2000),
+        "--lexname-sizes",
+        type=int,
+        nargs=3,
+        default=(20000, 2000, 2000),
         metavar=("TRAIN", "VAL", "TEST"),
     )
     parser.add_argument(
-        "--multilabel-sizes", type=int, nargs=3, default=(12000, 1500, 1500),
+        "--multilabel-sizes",
+        type=int,
+        nargs=3,
+        default=(12000, 1500, 1500),
         metavar=("TRAIN", "VAL", "TEST"),
     )
     parser.add_argument(
-        "--token-sizes", type=int, nargs=3, default=(20000, 2000, 2000),
+        "--token-sizes",
+        type=int,
+        nargs=3,
+        default=(20000, 2000, 2000),
         metavar=("TRAIN", "VAL", "TEST"),
     )
     parser.add_argument("--max-senses", type=int, default=6)
