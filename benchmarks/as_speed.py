@@ -36,7 +36,8 @@ trusting them:
 Usage:
 
 ```
-python benchmarks/as_speed.py                   # 4 methods x 3 seeds, 3 epochs, ~35 minutes on 2 cores
+# 4 methods x 3 seeds, 3 epochs, ~35 minutes on 2 cores:
+python benchmarks/as_speed.py
 python benchmarks/as_speed.py --epochs 5 --methods softmax,as_speed,as_skip
 python benchmarks/as_speed.py --quick           # smoke run
 python benchmarks/as_speed.py --seeds 0,1,2,3,4 --epochs 3 --train-size 2048
@@ -127,7 +128,8 @@ def main(argv=None):
     )
     prepared = lab.prepare_data(data, backbone.tokenizer, args.sequence_length)
     print(
-        f"{prepared}; preset {args.preset}, sequence length {args.sequence_length}, "
+        f"{prepared}; preset {args.preset}, "
+        f"sequence length {args.sequence_length}, "
         f"batch {args.batch_size}, {args.epochs} epochs, seeds {args.seeds}, "
         f"lam {args.lam}, s {args.max_steps}, delta {args.delta}, "
         f"warm-up ratio {args.warmup_ratio}, backend {keras.backend.backend()}",
@@ -160,11 +162,17 @@ def main(argv=None):
                 epoch, batch, seconds = max(
                     r.step_times, key=lambda step: step[2]
                 )
-                slowest = f"slowest step {seconds:.1f}s (epoch {epoch}, batch {batch}) "
+                slowest = (
+                    f"slowest step {seconds:.1f}s "
+                    f"(epoch {epoch}, batch {batch}) "
+                )
             print(
-                f"seed {seed} {method:10s} val {100 * r.val_metric:6.2f} test {100 * r.test_metric:6.2f} "
-                f"{r.time_per_epoch:6.1f}s/epoch compile {r.compile_time:4.0f}s "
-                f"updates {r.optimizer_updates}/{r.steps_per_epoch * r.epochs}{accum} "
+                f"seed {seed} {method:10s} val {100 * r.val_metric:6.2f} "
+                f"test {100 * r.test_metric:6.2f} "
+                f"{r.time_per_epoch:6.1f}s/epoch "
+                f"compile {r.compile_time:4.0f}s "
+                f"updates {r.optimizer_updates}/{r.steps_per_epoch * r.epochs}"
+                f"{accum} "
                 f"batches/epoch {r.batches_per_epoch} "
                 f"s/epoch {[round(t, 1) for t in r.epoch_times]} "
                 f"{slowest}"
@@ -174,10 +182,10 @@ def main(argv=None):
     print()
     print(lab.compare(results))
     print(
-        "\ns/epoch: training seconds per epoch, XLA compile and validation excluded; "
-        "t->base best: training seconds until the softmax run of the same seed's best "
-        "validation accuracy is reached ('-' if some seed never does); ratios are to softmax "
-        "(< 1 is faster)."
+        "\ns/epoch: training seconds per epoch, XLA compile and validation "
+        "excluded; t->base best: training seconds until the softmax run of "
+        "the same seed's best validation accuracy is reached ('-' if some "
+        "seed never does); ratios are to softmax (< 1 is faster)."
     )
     print(f"total wall time {time.perf_counter() - start:.0f}s")
     return 0

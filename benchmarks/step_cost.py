@@ -17,9 +17,9 @@ train steps (`train_on_batch`, a TensorFlow graph) on batches with 0, 1/2,
 
 Run from the repository root:
 
-    python benchmarks/step_cost.py                # batch 32, length 32, 15 rounds
-    python benchmarks/step_cost.py --no-skip      # only the parts of a step
-    python benchmarks/step_cost.py --quick        # smoke run
+    python benchmarks/step_cost.py             # batch 32, length 32, 15 rounds
+    python benchmarks/step_cost.py --no-skip   # only the parts of a step
+    python benchmarks/step_cost.py --quick     # smoke run
 
 Every part is compiled first, then timed in interleaved rounds; medians are
 printed, with each part's share of the full step measured in the same round.
@@ -61,7 +61,8 @@ def main(argv=None):
 
     if keras.backend.backend() != "tensorflow":
         print(
-            "step_cost.py times TensorFlow with XLA (KERAS_BACKEND=tensorflow).",
+            "step_cost.py times TensorFlow with XLA "
+            "(KERAS_BACKEND=tensorflow).",
             file=sys.stderr,
         )
         return 2
@@ -90,7 +91,7 @@ def main(argv=None):
         grads = tape.gradient(value, variables)
         return value, [
             tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-            for g, v in zip(grads, variables)
+            for g, v in zip(grads, variables, strict=True)
         ]
 
     @tf.function(jit_compile=True)
@@ -136,10 +137,12 @@ def main(argv=None):
     for run in parts.values():  # compile, then one warm-up call
         run()
         run()
+    n_params = sum(int(np.prod(v.shape)) for v in variables)
     print(
-        f"keras {keras.__version__}, tensorflow {tf.__version__} (XLA), {os.cpu_count()} CPU cores; "
+        f"keras {keras.__version__}, tensorflow {tf.__version__} (XLA), "
+        f"{os.cpu_count()} CPU cores; "
         f"{args.preset}, batch {b}, length {args.sequence_length}, "
-        f"{sum(int(np.prod(v.shape)) for v in variables) / 1e6:.1f}M trainable parameters; "
+        f"{n_params / 1e6:.1f}M trainable parameters; "
         f"compiled in {time.perf_counter() - start:.0f}s"
     )
     times = {name: [] for name in names}
@@ -155,15 +158,18 @@ def main(argv=None):
             times[name].append(round_times[name])
             shares[name].append(round_times[name] / round_times[names[0]])
     print(
-        f"\nmedian of {args.repeats} interleaved rounds; share = part / train step, same round"
+        f"\nmedian of {args.repeats} interleaved rounds; "
+        "share = part / train step, same round"
     )
     for name in names:
         print(
-            f"  {name:<38} {1e3 * statistics.median(times[name]):8.1f} ms   share {statistics.median(shares[name]):5.2f}"
+            f"  {name:<38} {1e3 * statistics.median(times[name]):8.1f} ms   "
+            f"share {statistics.median(shares[name]):5.2f}"
         )
     update_share = statistics.median(shares["AdamW update alone"])
     print(
-        f"\nAS-Speed skips only the AdamW update, {100 * update_share:.1f}% of a step here. "
+        "\nAS-Speed skips only the AdamW update, "
+        f"{100 * update_share:.1f}% of a step here. "
         "Upper bound on its speed-up, every micro-batch accumulated s times:"
     )
     for s in (2, 3, 4, 5):
@@ -258,14 +264,16 @@ def skip_masked_steps(model, data, repeats):
                 round_times[name] / round_times["plain step, graph"]
             )
     print(
-        "\nASSpeed train step (train_on_batch), max_steps=1, scoring forced on; "
-        f"median of {repeats} interleaved rounds; x = time / plain graph step, same round"
+        "\nASSpeed train step (train_on_batch), max_steps=1, scoring forced "
+        f"on; median of {repeats} interleaved rounds; "
+        "x = time / plain graph step, same round"
     )
     for name in names:
         masked_ratio, trained = np.median(np.array(measured[name]), axis=0)
         print(
             f"  {name:<38} {1e3 * statistics.median(times[name]):8.1f} ms   "
-            f"x {statistics.median(shares[name]):5.2f}   masked {masked_ratio:4.2f}   trained {trained:4.2f}"
+            f"x {statistics.median(shares[name]):5.2f}   "
+            f"masked {masked_ratio:4.2f}   trained {trained:4.2f}"
         )
 
 

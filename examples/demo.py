@@ -12,9 +12,9 @@ plots to `--output-dir`:
 Usage:
 
 ```
-python examples/demo.py                 # ~9 minutes on 2 idle CPU cores
-python examples/demo.py --quick         # smoke test, about a minute
-python examples/demo.py --source clinc_oos   # needs tensorflow-datasets + network
+python examples/demo.py                     # ~9 minutes on 2 idle CPU cores
+python examples/demo.py --quick             # smoke test, about a minute
+python examples/demo.py --source clinc_oos  # needs tensorflow-datasets, network
 ```
 """
 
@@ -128,9 +128,12 @@ def main(argv=None):
             else ""
         )
         print(
-            f"[demo] {method}: val {result.metric_name} {100 * result.val_metric:.2f}, "
-            f"test {100 * result.test_metric:.2f}, {result.time_per_epoch:.1f}s/epoch "
-            f"(+{result.compile_time:.0f}s compile), {result.optimizer_updates} updates{extra}, "
+            f"[demo] {method}: "
+            f"val {result.metric_name} {100 * result.val_metric:.2f}, "
+            f"test {100 * result.test_metric:.2f}, "
+            f"{result.time_per_epoch:.1f}s/epoch "
+            f"(+{result.compile_time:.0f}s compile), "
+            f"{result.optimizer_updates} updates{extra}, "
             f"{time.perf_counter() - t:.0f}s total",
             flush=True,
         )
@@ -145,7 +148,8 @@ def main(argv=None):
     for name, plot in paths.items():
         plot(results, os.path.join(args.output_dir, name))
     print(
-        f"\n[demo] plots written to {os.path.abspath(args.output_dir)}: {', '.join(paths)}"
+        f"\n[demo] plots written to {os.path.abspath(args.output_dir)}: "
+        f"{', '.join(paths)}"
     )
     print(f"[demo] wall time {time.perf_counter() - start:.0f}s")
     return 0

@@ -11,8 +11,8 @@ Usage:
 
 ```
 pip install -e . -e ./lab   # the harness brings scikit-learn
-python examples/digits_image_classification.py            # 3 seeds, ~1-2 minutes
-python examples/digits_image_classification.py --quick    # 1 seed, 2 epochs
+python examples/digits_image_classification.py          # 3 seeds, ~1-2 minutes
+python examples/digits_image_classification.py --quick  # 1 seed, 2 epochs
 ```
 """
 

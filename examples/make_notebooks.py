@@ -5,8 +5,8 @@ reproducible and easy to review; edit this script, not the `.ipynb` files,
 then regenerate and re-execute them:
 
 ```
-python examples/make_notebooks.py                        # writes the 3 notebooks (no outputs)
-python examples/run_notebooks.py --inplace               # full offline run, outputs kept
+python examples/make_notebooks.py        # writes the 3 notebooks (no outputs)
+python examples/run_notebooks.py --inplace   # full offline run, outputs kept
 python examples/run_notebooks.py --quick -o /tmp/nb      # CI smoke run
 ```
 
@@ -90,8 +90,11 @@ def show(fig, dpi=72):
 
 start = time.perf_counter()
 backbone = lab.load_backbone(PRESET)
-print(f"backbone: {PRESET} ({backbone.backbone.count_params():,} parameters, "
-      f"{backbone.backbone.num_layers} layers, hidden {backbone.backbone.hidden_dim})")
+bert = backbone.backbone
+print(
+    f"backbone: {PRESET} ({bert.count_params():,} parameters, "
+    f"{bert.num_layers} layers, hidden {bert.hidden_dim})"
+)
 """
 
 TRAIN_MD = """\
@@ -111,16 +114,31 @@ for seed in SEEDS:
     for method in METHODS:
         t = time.perf_counter()
         result = lab.run(
-            method, prepared, backbone, seed=seed, epochs=EPOCHS, batch_size=BATCH_SIZE,
-            learning_rate=LEARNING_RATE, delta=DELTA, evals_per_epoch=EVALS_PER_EPOCH,
-            jit_compile=JIT_COMPILE, verbose=0,
+            method,
+            prepared,
+            backbone,
+            seed=seed,
+            epochs=EPOCHS,
+            batch_size=BATCH_SIZE,
+            learning_rate=LEARNING_RATE,
+            delta=DELTA,
+            evals_per_epoch=EVALS_PER_EPOCH,
+            jit_compile=JIT_COMPILE,
+            verbose=0,
         )
         results.append(result)
-        accum = f", accumulation steps {result.accum_steps[-1]}" if result.accum_steps else ""
-        print(f"seed {seed} {method:>10}: val {result.metric_name} {100 * result.val_metric:5.2f}, "
-              f"test {100 * result.test_metric:5.2f}, {result.time_per_epoch:5.1f}s/epoch "
-              f"(+{result.compile_time:.0f}s compile), {result.optimizer_updates} updates{accum} "
-              f"[{time.perf_counter() - t:.0f}s]")
+        accum = ""
+        if result.accum_steps:
+            accum = f", accumulation steps {result.accum_steps[-1]}"
+        print(
+            f"seed {seed} {method:>10}: "
+            f"val {result.metric_name} {100 * result.val_metric:5.2f}, "
+            f"test {100 * result.test_metric:5.2f}, "
+            f"{result.time_per_epoch:5.1f}s/epoch "
+            f"(+{result.compile_time:.0f}s compile), "
+            f"{result.optimizer_updates} updates{accum} "
+            f"[{time.perf_counter() - t:.0f}s]"
+        )
 """
 
 TABLE_MD = """\
@@ -165,8 +183,11 @@ the correlation is noisy.
 TAB4 = """\
 show(lab.plot_loss_vs_metric(results))
 for r in results:
-    print(f"{r.method:>10} (seed {r.seed}): pearson(val loss, val {r.metric_name}) = "
-          f"{lab.loss_metric_correlation(r):+.3f} over {len(r.evals)} evaluations")
+    print(
+        f"{r.method:>10} (seed {r.seed}): "
+        f"pearson(val loss, val {r.metric_name}) = "
+        f"{lab.loss_metric_correlation(r):+.3f} over {len(r.evals)} evaluations"
+    )
 """
 
 FIG4_MD = """\
@@ -184,9 +205,14 @@ FIG4 = """\
 show(lab.plot_margins(results))
 for r in results:
     m = np.asarray(r.test_margins)
-    print(f"{r.method:>10} (seed {r.seed}): n={m.size}, margin < 0: {100 * np.mean(m < 0):5.1f}%, "
-          f"0 <= margin < delta: {100 * np.mean((m >= 0) & (m < DELTA)):5.1f}%, "
-          f"margin >= 0.9: {100 * np.mean(m >= 0.9):5.1f}%, median {np.median(m):+.3f}")
+    below_delta = np.mean((m >= 0) & (m < DELTA))
+    print(
+        f"{r.method:>10} (seed {r.seed}): n={m.size}, "
+        f"margin < 0: {100 * np.mean(m < 0):5.1f}%, "
+        f"0 <= margin < delta: {100 * below_delta:5.1f}%, "
+        f"margin >= 0.9: {100 * np.mean(m >= 0.9):5.1f}%, "
+        f"median {np.median(m):+.3f}"
+    )
 """
 
 END = """\
@@ -205,8 +231,10 @@ def _common_params(
     evals_per_epoch,
 ):
     return f"""\
-# Data and backbone. Offline (default): SOURCE = "wordnet", PRESET = "offline-minilm".
-# Online, as in the paper: SOURCE = "{sources}", PRESET = "bert_base_en_uncased".
+# Data and backbone. Offline (default):
+#   SOURCE = "wordnet", PRESET = "offline-minilm".
+# Online, as in the paper:
+#   SOURCE = "{sources}", PRESET = "bert_base_en_uncased".
 SOURCE = "{source}"
 PRESET = "offline-minilm"
 TRAIN_SIZE = {train_size}       # training examples (None: the whole split)
@@ -216,11 +244,13 @@ EPOCHS = {epochs}
 BATCH_SIZE = 32
 LEARNING_RATE = 1e-4
 DELTA = {delta}            # AS-Softmax margin (None: lab.DEFAULT_DELTA)
-EVALS_PER_EPOCH = {evals_per_epoch}    # validation passes per epoch (points of the Table 4 plot)
+# Validation passes per epoch (the points of the Table 4 plot):
+EVALS_PER_EPOCH = {evals_per_epoch}
 SEEDS = [0]
 METHODS = ["softmax", "as_softmax", "as_speed"]
-JIT_COMPILE = None    # None: XLA on TensorFlow (runner default); False skips the slow XLA compile
-QUICK = False         # CI smoke run (run_notebooks.py --quick also shrinks the sizes)
+# None: XLA on TensorFlow (the runner's default); False skips the slow compile.
+JIT_COMPILE = None
+QUICK = False  # CI smoke run (run_notebooks.py --quick also shrinks the sizes)
 """
 
 
@@ -241,7 +271,8 @@ def _notebook(
         new_markdown_cell(PARAMS_MD),
         new_code_cell(params, metadata={"tags": ["parameters"]}),
         new_markdown_cell(
-            "## Setup\n\nLoads the backbone once; every run starts from a fresh copy of its weights."
+            "## Setup\n\nLoads the backbone once; every run starts from a "
+            "fresh copy of its weights."
         ),
         new_code_cell(SETUP),
         new_markdown_cell(data_md),
@@ -272,28 +303,37 @@ def _notebook(
 
 def _data_code(loader):
     return f"""\
-max_examples = {{"train": TRAIN_SIZE, "validation": EVAL_SIZE, "test": EVAL_SIZE}}
+max_examples = {{
+    "train": TRAIN_SIZE,
+    "validation": EVAL_SIZE,
+    "test": EVAL_SIZE,
+}}
 data = datasets.{loader}(SOURCE, max_examples=max_examples)
 prepared = lab.prepare_data(data, backbone.tokenizer, SEQUENCE_LENGTH)
 print(prepared)
-print("classes:", ", ".join(prepared.class_names[:12]), "..." if prepared.num_classes > 12 else "")
+more = "..." if prepared.num_classes > 12 else ""
+print("classes:", ", ".join(prepared.class_names[:12]), more)
 """
 
 
 def multiclass():
     return _notebook(
         "Multi-class text classification: softmax vs AS-Softmax vs AS-Speed",
-        "Single-label intent/topic classification, the paper's main setting (CLINC150 etc.).",
-        "\nMulti-class loss: `SparseCategoricalCrossentropy(from_logits=True)` for softmax, "
-        "`ASSoftmaxLoss(delta)` for the AS methods; metric: accuracy.\n",
+        "Single-label intent/topic classification, the paper's main setting "
+        "(CLINC150 etc.).",
+        "\nMulti-class loss: `SparseCategoricalCrossentropy(from_logits=True)` "
+        "for softmax, `ASSoftmaxLoss(delta)` for the AS methods; "
+        "metric: accuracy.\n",
         _common_params("wordnet", "clinc_oos", 768, 256, 2, 32, 0.3, 3),
         "## Data\n\n"
-        '`SOURCE="wordnet"`: WordNet 3.0 synset definitions labelled with one of 45 '
-        "lexicographer categories (`noun.animal`, `verb.motion`, ...), bundled with the package. "
-        '`SOURCE="clinc_oos"`: CLINC150 intents (150 classes) through tensorflow-datasets. '
-        "Texts are tokenized once into padded arrays.",
+        '`SOURCE="wordnet"`: WordNet 3.0 synset definitions labelled with '
+        "one of 45 lexicographer categories (`noun.animal`, `verb.motion`, "
+        "...), bundled with the package. "
+        '`SOURCE="clinc_oos"`: CLINC150 intents (150 classes) through '
+        "tensorflow-datasets. Texts are tokenized once into padded arrays.",
         _data_code("load_text_classification")
-        + 'print("example:", repr(data.train.texts[0]), "->", data.class_names[int(data.train.labels[0])])\n',
+        + "label = data.class_names[int(data.train.labels[0])]\n"
+        + 'print("example:", repr(data.train.texts[0]), "->", label)\n',
         "accuracy",
         "",
         "sample",
@@ -303,21 +343,24 @@ def multiclass():
 def multilabel():
     return _notebook(
         "Multi-label text classification: softmax vs AS-Softmax vs AS-Speed",
-        "Each text has a *set* of labels (like GoEmotions). The softmax baseline is the "
-        "multi-label categorical cross entropy (`MultiLabelCategoricalCrossentropy`, "
-        "positives vs negatives through a logsumexp with a 0 threshold class); the AS variant, "
-        "`MultiLabelASSoftmaxLoss(delta)`, drops the classes that are already separated by "
-        "`delta`. A class is predicted where its logit is > 0; metric: micro-F1.",
+        "Each text has a *set* of labels (like GoEmotions). The softmax "
+        "baseline is the multi-label categorical cross entropy "
+        "(`MultiLabelCategoricalCrossentropy`, positives vs negatives through "
+        "a logsumexp with a 0 threshold class); the AS variant, "
+        "`MultiLabelASSoftmaxLoss(delta)`, drops the classes that are already "
+        "separated by `delta`. A class is predicted where its logit is > 0; "
+        "metric: micro-F1.",
         "\nThe multi-label default margin is small (`DELTA = 0.05`, "
-        "`lab.DEFAULT_DELTA['multilabel']`) because the probabilities are spread "
-        "over several positives.\n",
+        "`lab.DEFAULT_DELTA['multilabel']`) because the probabilities are "
+        "spread over several positives.\n",
         _common_params("wordnet", "goemotions", 768, 256, 2, 40, 0.05, 3),
         "## Data\n\n"
-        '`SOURCE="wordnet"`: for each polysemous WordNet 3.0 word, the definitions of its '
-        "senses (the word left out) labelled with the set of their lexicographer categories "
-        "(45 classes, about 2 labels per text), bundled with the package. "
-        '`SOURCE="goemotions"`: GoEmotions Reddit comments (28 emotions) through '
-        "tensorflow-datasets.",
+        '`SOURCE="wordnet"`: for each polysemous WordNet 3.0 word, the '
+        "definitions of its senses (the word left out) labelled with the set "
+        "of their lexicographer categories (45 classes, about 2 labels per "
+        "text), bundled with the package. "
+        '`SOURCE="goemotions"`: GoEmotions Reddit comments (28 emotions) '
+        "through tensorflow-datasets.",
         _data_code("load_multilabel_classification")
         + "labels = np.asarray(data.train.labels)\n"
         + 'print(f"labels per text: {labels.sum(1).mean():.2f}")\n'
@@ -326,40 +369,50 @@ def multilabel():
         "micro_f1",
         "",
         "text",
-        ml_note=": for a multi-label text, the weakest positive's probability minus the "
-        "strongest negative's, over texts with both",
+        ml_note=": for a multi-label text, the weakest positive's probability "
+        "minus the strongest negative's, over texts with both",
     )
 
 
 def tokens():
     return _notebook(
-        "Token classification (NER-style BIO tagging): softmax vs AS-Softmax vs AS-Speed",
-        "Every word gets a BIO tag (`B-X` begins an entity of type X, `I-X` continues it, `O` "
-        "is outside). Sentences are split into word pieces; only the **first piece of each "
-        "word** carries the word's tag, while the other pieces, `[CLS]`, `[SEP]` and padding "
-        "get the label `-1`, which both losses skip with `ignore_class=-1` (and the masked "
-        "ratio does not count). The metric is the **entity-level F1** (a predicted entity "
-        "counts only if its type and both boundaries are right, as `seqeval`), computed by "
-        "`lab.bio_f1_score` on the first pieces.",
-        "\nToken loss: `SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)` for "
-        "softmax, `ASSoftmaxLoss(delta, ignore_class=-1)` for the AS methods; every tagged "
-        'token is one "sample" of the masked ratio.\n',
+        "Token classification (NER-style BIO tagging): "
+        "softmax vs AS-Softmax vs AS-Speed",
+        "Every word gets a BIO tag (`B-X` begins an entity of type X, `I-X` "
+        "continues it, `O` is outside). Sentences are split into word pieces; "
+        "only the **first piece of each word** carries the word's tag, while "
+        "the other pieces, `[CLS]`, `[SEP]` and padding get the label `-1`, "
+        "which both losses skip with `ignore_class=-1` (and the masked ratio "
+        "does not count). The metric is the **entity-level F1** (a predicted "
+        "entity counts only if its type and both boundaries are right, as "
+        "`seqeval`), computed by `lab.bio_f1_score` on the first pieces.",
+        "\nToken loss: "
+        "`SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)` "
+        "for softmax, `ASSoftmaxLoss(delta, ignore_class=-1)` for the AS "
+        'methods; every tagged token is one "sample" of the masked ratio.\n',
         _common_params("wordnet", "conll2003", 768, 256, 2, 32, 0.3, 3),
         "## Data\n\n"
-        '`SOURCE="wordnet"`: WordNet 3.0 example sentences in which the word(s) realising the '
-        "illustrated sense are tagged with its coarse category (49 tags: `O` and `B-`/`I-` of 24 "
-        'types such as `verb.motion`), bundled with the package. `SOURCE="conll2003"`: '
-        "CoNLL-2003 English NER (9 tags) through tensorflow-datasets. The cell below also shows "
-        "how the tags are aligned to word pieces.",
+        '`SOURCE="wordnet"`: WordNet 3.0 example sentences in which the '
+        "word(s) realising the illustrated sense are tagged with its coarse "
+        "category (49 tags: `O` and `B-`/`I-` of 24 types such as "
+        '`verb.motion`), bundled with the package. `SOURCE="conll2003"`: '
+        "CoNLL-2003 English NER (9 tags) through tensorflow-datasets. The cell "
+        "below also shows how the tags are aligned to word pieces.",
         _data_code("load_token_classification")
         + """\
 x, y = prepared.train
 ids = x["token_ids"][0]
-pieces = [backbone.tokenizer.id_to_token(int(i)) for i in ids[: int(x["padding_mask"][0].sum())]]
+length = int(x["padding_mask"][0].sum())
+pieces = [backbone.tokenizer.id_to_token(int(i)) for i in ids[:length]]
 print("\\nword pieces and their labels (-1 = ignored):")
-print(" ".join(f"{p}/{prepared.class_names[t] if t >= 0 else -1}" for p, t in zip(pieces, y[0])))
-print(f"tagged tokens per sentence: {np.mean(np.sum(y >= 0, 1)):.1f}, "
-      f"non-O: {np.mean(np.sum((y >= 0) & (y != prepared.class_names.index('O')), 1)):.2f}")
+names = [prepared.class_names[t] if t >= 0 else -1 for t in y[0]]
+print(" ".join(f"{p}/{name}" for p, name in zip(pieces, names)))
+tagged = y >= 0
+entities = tagged & (y != prepared.class_names.index("O"))
+print(
+    f"tagged tokens per sentence: {np.mean(np.sum(tagged, 1)):.1f}, "
+    f"non-O: {np.mean(np.sum(entities, 1)):.2f}"
+)
 """,
         "entity_f1",
         " (here: tagged tokens, i.e. first word pieces)",

@@ -8,11 +8,15 @@ non-zero status if any notebook fails.
 Usage:
 
 ```
-python examples/run_notebooks.py --quick -o /tmp/nb            # CI smoke run
-python examples/run_notebooks.py --inplace                     # full offline run, outputs committed
-python examples/run_notebooks.py token_classification.ipynb -p EPOCHS=3 -p SEEDS=[0,1]
-python examples/run_notebooks.py -p SOURCE='"clinc_oos"' -p PRESET='"bert_base_en_uncased"' \\
-    multiclass_text_classification.ipynb                       # online (network needed)
+# CI smoke run:
+python examples/run_notebooks.py --quick -o /tmp/nb
+# full offline run, outputs committed:
+python examples/run_notebooks.py --inplace
+python examples/run_notebooks.py token_classification.ipynb \\
+    -p EPOCHS=3 -p SEEDS=[0,1]
+# online (network needed):
+python examples/run_notebooks.py -p SOURCE='"clinc_oos"' \\
+    -p PRESET='"bert_base_en_uncased"' multiclass_text_classification.ipynb
 ```
 
 `-p NAME=VALUE` takes a Python literal (`ast.literal_eval`); a value that
@@ -79,7 +83,8 @@ def ensure_kernel(name):
         if name != "python3":
             raise
     print(
-        f"[run_notebooks] kernel {name!r} not found; installing it with ipykernel",
+        f"[run_notebooks] kernel {name!r} not found; "
+        "installing it with ipykernel",
         flush=True,
     )
     subprocess.run(
@@ -223,7 +228,8 @@ def main(argv=None):
             else os.path.join(args.output_dir, os.path.basename(path))
         )
         print(
-            f"[run_notebooks] {os.path.basename(path)} -> {output} {params or ''}",
+            f"[run_notebooks] {os.path.basename(path)} -> {output} "
+            f"{params or ''}",
             flush=True,
         )
         ok, seconds, error = run_notebook(

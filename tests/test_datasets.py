@@ -107,7 +107,7 @@ def test_wordnet_token_classification():
     assert "B-verb.motion" in names and "I-adj" in names
     assert [len(s.tokens) for s in data.splits.values()] == [20000, 2000, 2000]
     for tokens, tags in data.splits.values():
-        for sentence, sentence_tags in zip(tokens, tags):
+        for sentence, sentence_tags in zip(tokens, tags, strict=True):
             assert len(sentence) == len(sentence_tags) > 0
             assert all(isinstance(t, str) and t for t in sentence)
             assert all(0 <= t < len(names) for t in sentence_tags)
@@ -342,8 +342,8 @@ def test_builder_end_to_end_on_tiny_wordnet(tmp_path):
     tokens = datasets.load_token_classification("wordnet", data_dir=out_dir)
     tagged = {}
     for split in tokens.splits.values():
-        for sentence, tags in zip(*split):
-            for word, tag in zip(sentence, tags):
+        for sentence, tags in zip(*split, strict=True):
+            for word, tag in zip(sentence, tags, strict=True):
                 if tag:
                     tagged[word] = tokens.class_names[tag]
     assert tagged["ran"] == "B-verb.motion"

@@ -1,4 +1,4 @@
-"""The `Example:` sections of the public docstrings run and print what they say."""
+"""The `Example:` sections of the docstrings run and print what they say."""
 
 import doctest
 import importlib
@@ -10,6 +10,7 @@ MODULES = [
     "keras_as_softmax.losses.multilabel",
     "keras_as_softmax.losses.baselines",
     "keras_as_softmax.metrics",
+    "as_softmax_lab.task_metrics",
 ]
 
 

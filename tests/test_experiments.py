@@ -211,7 +211,7 @@ def test_compare_time_to_reach():
                 "val_loss": 1.0 - m,
                 "val_metric": m,
             }
-            for i, (t, m) in enumerate(zip(times, metrics))
+            for i, (t, m) in enumerate(zip(times, metrics, strict=True))
         ]
         return lab.RunResult(
             method,

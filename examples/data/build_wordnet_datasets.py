@@ -289,7 +289,7 @@ def inflections(word, pos, exceptions):
 
 
 def lemma_patterns(lemma, pos, exceptions):
-    """Returns a list of token patterns (tuples of sets of forms) for a lemma."""
+    """Returns the token patterns (tuples of sets of forms) of a lemma."""
     words = [w.lower() for w in tokenize(lemma.replace("_", " "))]
     if not words or (len(words) == 1 and len(words[0]) < 2):
         return []
@@ -663,7 +663,7 @@ def main(argv=None):
         )
 
     def sizes(values):
-        return dict(zip(("train", "validation", "test"), values))
+        return dict(zip(("train", "validation", "test"), values, strict=True))
 
     synsets = read_synsets(args.wordnet_dir)
     index = read_index(args.wordnet_dir)
