@@ -308,7 +308,8 @@ max_examples = {{
     "validation": EVAL_SIZE,
     "test": EVAL_SIZE,
 }}
-data = datasets.{loader}(SOURCE, max_examples=max_examples)
+load = datasets.{loader}
+data = load(SOURCE, max_examples=max_examples)
 prepared = lab.prepare_data(data, backbone.tokenizer, SEQUENCE_LENGTH)
 print(prepared)
 more = "..." if prepared.num_classes > 12 else ""
@@ -364,8 +365,8 @@ def multilabel():
         _data_code("load_multilabel_classification")
         + "labels = np.asarray(data.train.labels)\n"
         + 'print(f"labels per text: {labels.sum(1).mean():.2f}")\n'
-        + 'print("example:", repr(data.train.texts[0][:120]), "->", '
-        + "[data.class_names[i] for i in np.flatnonzero(labels[0])])\n",
+        + "names = [data.class_names[i] for i in np.flatnonzero(labels[0])]\n"
+        + 'print("example:", repr(data.train.texts[0][:120]), "->", names)\n',
         "micro_f1",
         "",
         "text",
