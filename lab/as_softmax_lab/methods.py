@@ -11,11 +11,11 @@ import dataclasses
 
 import keras
 
-from keras_as_softmax.as_speed import ASSpeed
+from keras_as_softmax import ASSpeed
+from keras_as_softmax import MaskedSampleSkipper
 from keras_as_softmax.losses import ASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelCategoricalCrossentropy
-from keras_as_softmax.sample_skipping import MaskedSampleSkipper
 
 TASKS = ("multiclass", "multilabel", "tokens")
 IGNORE_CLASS = -1

@@ -25,7 +25,7 @@ from as_softmax_lab.methods import wrap_model
 from as_softmax_lab.models import build_classifier
 from as_softmax_lab.task_metrics import probability_margins
 from as_softmax_lab.task_metrics import task_metric
-from keras_as_softmax.as_speed import ASSpeed
+from keras_as_softmax import ASSpeed
 from keras_as_softmax.callbacks import DeltaWarmup
 from keras_as_softmax.losses import ASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
