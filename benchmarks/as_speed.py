@@ -36,7 +36,8 @@ trusting them:
 Usage:
 
 ```
-python benchmarks/as_speed.py                   # 4 methods x 3 seeds, 3 epochs, ~35 minutes on 2 cores
+# 4 methods x 3 seeds, 3 epochs, ~35 minutes on 2 cores:
+python benchmarks/as_speed.py
 python benchmarks/as_speed.py --epochs 5 --methods softmax,as_speed,as_skip
 python benchmarks/as_speed.py --quick           # smoke run
 python benchmarks/as_speed.py --seeds 0,1,2,3,4 --epochs 3 --train-size 2048
@@ -57,10 +58,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
-    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
+    parser.add_argument(
+        "--seeds", default=None, help="comma-separated seeds (default 0,1,2)"
+    )
     parser.add_argument("--epochs", type=int, default=None, help="default 2")
-    parser.add_argument("--train-size", type=int, default=None, help="default 1024")
-    parser.add_argument("--eval-size", type=int, default=None, help="default 300")
+    parser.add_argument(
+        "--train-size", type=int, default=None, help="default 1024"
+    )
+    parser.add_argument(
+        "--eval-size", type=int, default=None, help="default 300"
+    )
     parser.add_argument("--sequence-length", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
@@ -68,19 +75,30 @@ def parse_args(argv=None):
     parser.add_argument("--max-steps", type=int, default=5)
     parser.add_argument("--delta", type=float, default=0.3)
     parser.add_argument(
-        "--warmup-ratio", type=float, default=0.0,
+        "--warmup-ratio",
+        type=float,
+        default=0.0,
         help="AS methods train with delta = 1 for this fraction of the steps "
         "(keras_as_softmax.DeltaWarmup; the paper's r)",
     )
     parser.add_argument("--preset", default="offline-minilm")
-    parser.add_argument("--methods", default="softmax,as_softmax,as_speed,as_skip")
     parser.add_argument(
-        "--revisit", type=float, default=0.2, help="as_skip_stale, as_skip_hybrid: revisit probability"
+        "--methods", default="softmax,as_softmax,as_speed,as_skip"
+    )
+    parser.add_argument(
+        "--revisit",
+        type=float,
+        default=0.2,
+        help="as_skip_stale, as_skip_hybrid: revisit probability",
     )
     args = parser.parse_args(argv)
     quick = args.quick
-    defaults = dict(seeds="0" if quick else "0,1,2", epochs=1 if quick else 3,
-                    train_size=64 if quick else 768, eval_size=32 if quick else 300)
+    defaults = dict(
+        seeds="0" if quick else "0,1,2",
+        epochs=1 if quick else 3,
+        train_size=64 if quick else 768,
+        eval_size=32 if quick else 300,
+    )
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -96,17 +114,22 @@ def main(argv=None):
     start = time.perf_counter()
     import keras
 
-    from keras_as_softmax import datasets
-    from keras_as_softmax import experiments
+    import as_softmax_lab as lab
+    from as_softmax_lab import datasets
 
-    backbone = experiments.load_backbone(args.preset)
+    backbone = lab.load_backbone(args.preset)
     data = datasets.load_text_classification(
         "wordnet",
-        max_examples={"train": args.train_size, "validation": args.eval_size, "test": args.eval_size},
+        max_examples={
+            "train": args.train_size,
+            "validation": args.eval_size,
+            "test": args.eval_size,
+        },
     )
-    prepared = experiments.prepare_data(data, backbone.tokenizer, args.sequence_length)
+    prepared = lab.prepare_data(data, backbone.tokenizer, args.sequence_length)
     print(
-        f"{prepared}; preset {args.preset}, sequence length {args.sequence_length}, "
+        f"{prepared}; preset {args.preset}, "
+        f"sequence length {args.sequence_length}, "
         f"batch {args.batch_size}, {args.epochs} epochs, seeds {args.seeds}, "
         f"lam {args.lam}, s {args.max_steps}, delta {args.delta}, "
         f"warm-up ratio {args.warmup_ratio}, backend {keras.backend.backend()}",
@@ -116,23 +139,40 @@ def main(argv=None):
     for seed in args.seeds:
         for method in args.methods.split(","):
             t = time.perf_counter()
-            r = experiments.run(
-                method, prepared, backbone, seed=seed, epochs=args.epochs,
-                batch_size=args.batch_size, learning_rate=args.learning_rate,
-                delta=args.delta, lam=args.lam, max_steps=args.max_steps,
+            r = lab.run(
+                method,
+                prepared,
+                backbone,
+                seed=seed,
+                epochs=args.epochs,
+                batch_size=args.batch_size,
+                learning_rate=args.learning_rate,
+                delta=args.delta,
+                lam=args.lam,
+                max_steps=args.max_steps,
                 warmup_ratio=args.warmup_ratio,
-                revisit=args.revisit, evals_per_epoch=2, verbose=0,
+                revisit=args.revisit,
+                evals_per_epoch=2,
+                verbose=0,
             )
             results.append(r)
             accum = f" accum_steps={r.accum_steps[-1]}" if r.accum_steps else ""
             slowest = ""
             if r.step_times:
-                epoch, batch, seconds = max(r.step_times, key=lambda step: step[2])
-                slowest = f"slowest step {seconds:.1f}s (epoch {epoch}, batch {batch}) "
+                epoch, batch, seconds = max(
+                    r.step_times, key=lambda step: step[2]
+                )
+                slowest = (
+                    f"slowest step {seconds:.1f}s "
+                    f"(epoch {epoch}, batch {batch}) "
+                )
             print(
-                f"seed {seed} {method:10s} val {100 * r.val_metric:6.2f} test {100 * r.test_metric:6.2f} "
-                f"{r.time_per_epoch:6.1f}s/epoch compile {r.compile_time:4.0f}s "
-                f"updates {r.optimizer_updates}/{r.steps_per_epoch * r.epochs}{accum} "
+                f"seed {seed} {method:10s} val {100 * r.val_metric:6.2f} "
+                f"test {100 * r.test_metric:6.2f} "
+                f"{r.time_per_epoch:6.1f}s/epoch "
+                f"compile {r.compile_time:4.0f}s "
+                f"updates {r.optimizer_updates}/{r.steps_per_epoch * r.epochs}"
+                f"{accum} "
                 f"batches/epoch {r.batches_per_epoch} "
                 f"s/epoch {[round(t, 1) for t in r.epoch_times]} "
                 f"{slowest}"
@@ -140,12 +180,12 @@ def main(argv=None):
                 flush=True,
             )
     print()
-    print(experiments.compare(results))
+    print(lab.compare(results))
     print(
-        "\ns/epoch: training seconds per epoch, XLA compile and validation excluded; "
-        "t->base best: training seconds until the softmax run of the same seed's best "
-        "validation accuracy is reached ('-' if some seed never does); ratios are to softmax "
-        "(< 1 is faster)."
+        "\ns/epoch: training seconds per epoch, XLA compile and validation "
+        "excluded; t->base best: training seconds until the softmax run of "
+        "the same seed's best validation accuracy is reached ('-' if some "
+        "seed never does); ratios are to softmax (< 1 is faster)."
     )
     print(f"total wall time {time.perf_counter() - start:.0f}s")
     return 0

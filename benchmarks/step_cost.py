@@ -17,9 +17,9 @@ train steps (`train_on_batch`, a TensorFlow graph) on batches with 0, 1/2,
 
 Run from the repository root:
 
-    python benchmarks/step_cost.py                # batch 32, length 32, 15 rounds
-    python benchmarks/step_cost.py --no-skip      # only the parts of a step
-    python benchmarks/step_cost.py --quick        # smoke run
+    python benchmarks/step_cost.py             # batch 32, length 32, 15 rounds
+    python benchmarks/step_cost.py --no-skip   # only the parts of a step
+    python benchmarks/step_cost.py --quick     # smoke run
 
 Every part is compiled first, then timed in interleaved rounds; medians are
 printed, with each part's share of the full step measured in the same round.
@@ -45,7 +45,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--preset", default="offline-minilm")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
-    parser.add_argument("--no-skip", action="store_true", help="leave out the skip_masked steps")
+    parser.add_argument(
+        "--no-skip", action="store_true", help="leave out the skip_masked steps"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.batch_size, args.sequence_length, args.repeats = 8, 8, 2
@@ -54,14 +56,18 @@ def main(argv=None):
     import numpy as np
     import tensorflow as tf
 
+    import as_softmax_lab as lab
     import keras_as_softmax as kas
-    from keras_as_softmax import experiments
 
     if keras.backend.backend() != "tensorflow":
-        print("step_cost.py times TensorFlow with XLA (KERAS_BACKEND=tensorflow).", file=sys.stderr)
+        print(
+            "step_cost.py times TensorFlow with XLA "
+            "(KERAS_BACKEND=tensorflow).",
+            file=sys.stderr,
+        )
         return 2
     keras.utils.set_random_seed(0)
-    model = experiments.build_classifier("multiclass", 45, args.preset)
+    model = lab.build_classifier("multiclass", 45, args.preset)
     loss = kas.ASSoftmaxLoss(0.3)
     optimizer = keras.optimizers.AdamW(1e-4, weight_decay=0.01)
     variables = model.trainable_variables
@@ -71,7 +77,9 @@ def main(argv=None):
     def batch(size):
         shape = (size, args.sequence_length)
         x = {
-            "token_ids": tf.constant(rng.integers(1000, 20000, shape).astype("int32")),
+            "token_ids": tf.constant(
+                rng.integers(1000, 20000, shape).astype("int32")
+            ),
             "padding_mask": tf.ones(shape, "int32"),
             "segment_ids": tf.zeros(shape, "int32"),
         }
@@ -82,7 +90,8 @@ def main(argv=None):
             value = loss(y, model(x, training=True))
         grads = tape.gradient(value, variables)
         return value, [
-            tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)
+            tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+            for g, v in zip(grads, variables, strict=True)
         ]
 
     @tf.function(jit_compile=True)
@@ -110,22 +119,30 @@ def main(argv=None):
     b = args.batch_size
     full, half, quarter = batch(b), batch(max(b // 2, 1)), batch(max(b // 4, 1))
     parts = {
-        f"train step [{b}] (fwd + bwd + AdamW)": lambda: train_step(*full).numpy(),
+        f"train step [{b}] (fwd + bwd + AdamW)": lambda: train_step(
+            *full
+        ).numpy(),
         f"forward + backward [{b}]": lambda: forward_backward(*full)[0].numpy(),
         "AdamW update alone": lambda: update(zeros).numpy(),
         f"inference forward [{b}]": lambda: forward(*full).numpy(),
-        f"forward + backward [{b // 2}]": lambda: forward_backward(*half)[0].numpy(),
-        f"forward + backward [{b // 4}]": lambda: forward_backward(*quarter)[0].numpy(),
+        f"forward + backward [{b // 2}]": lambda: forward_backward(*half)[
+            0
+        ].numpy(),
+        f"forward + backward [{b // 4}]": lambda: forward_backward(*quarter)[
+            0
+        ].numpy(),
     }
     names = list(parts)
     start = time.perf_counter()
     for run in parts.values():  # compile, then one warm-up call
         run()
         run()
+    n_params = sum(int(np.prod(v.shape)) for v in variables)
     print(
-        f"keras {keras.__version__}, tensorflow {tf.__version__} (XLA), {os.cpu_count()} CPU cores; "
+        f"keras {keras.__version__}, tensorflow {tf.__version__} (XLA), "
+        f"{os.cpu_count()} CPU cores; "
         f"{args.preset}, batch {b}, length {args.sequence_length}, "
-        f"{sum(int(np.prod(v.shape)) for v in variables) / 1e6:.1f}M trainable parameters; "
+        f"{n_params / 1e6:.1f}M trainable parameters; "
         f"compiled in {time.perf_counter() - start:.0f}s"
     )
     times = {name: [] for name in names}
@@ -140,12 +157,19 @@ def main(argv=None):
         for name in names:
             times[name].append(round_times[name])
             shares[name].append(round_times[name] / round_times[names[0]])
-    print(f"\nmedian of {args.repeats} interleaved rounds; share = part / train step, same round")
+    print(
+        f"\nmedian of {args.repeats} interleaved rounds; "
+        "share = part / train step, same round"
+    )
     for name in names:
-        print(f"  {name:<38} {1e3 * statistics.median(times[name]):8.1f} ms   share {statistics.median(shares[name]):5.2f}")
+        print(
+            f"  {name:<38} {1e3 * statistics.median(times[name]):8.1f} ms   "
+            f"share {statistics.median(shares[name]):5.2f}"
+        )
     update_share = statistics.median(shares["AdamW update alone"])
     print(
-        f"\nAS-Speed skips only the AdamW update, {100 * update_share:.1f}% of a step here. "
+        "\nAS-Speed skips only the AdamW update, "
+        f"{100 * update_share:.1f}% of a step here. "
         "Upper bound on its speed-up, every micro-batch accumulated s times:"
     )
     for s in (2, 3, 4, 5):
@@ -181,27 +205,40 @@ def skip_masked_steps(model, data, repeats):
     batch = len(predicted)
     num_classes = logits.shape[-1]
     wrapped = {}
-    for name, skip, jit in (("plain step, XLA", False, True), ("plain step, graph", False, False),
-                            ("skip_masked, graph", True, False)):
+    for name, skip, jit in (
+        ("plain step, XLA", False, True),
+        ("plain step, graph", False, False),
+        ("skip_masked, graph", True, False),
+    ):
         w = kas.ASSpeed(model, max_steps=1, skip_masked=skip)
         # Learning rate 0: the update costs what it always does, and the
         # weights, hence the masks, stay as set up.
-        w.compile(optimizer=keras.optimizers.AdamW(0.0, weight_decay=0.0),
-                  loss=kas.ASSoftmaxLoss(0.3), jit_compile=jit)
+        w.compile(
+            optimizer=keras.optimizers.AdamW(0.0, weight_decay=0.0),
+            loss=kas.ASSoftmaxLoss(0.3),
+            jit_compile=jit,
+        )
         wrapped[name] = w
     parts = {}
     for name in ("plain step, XLA", "plain step, graph"):
         parts[name] = (wrapped[name], predicted)
     for masked in (0, batch // 2, 3 * batch // 4, 7 * batch // 8, batch):
-        y = np.where(np.arange(batch) < masked, predicted, (predicted + 1) % num_classes)
-        parts[f"skip_masked, graph, {masked}/{batch} masked"] = (wrapped["skip_masked, graph"], y)
+        y = np.where(
+            np.arange(batch) < masked, predicted, (predicted + 1) % num_classes
+        )
+        parts[f"skip_masked, graph, {masked}/{batch} masked"] = (
+            wrapped["skip_masked, graph"],
+            y,
+        )
     names = list(parts)
 
     def run(name):
         w, y = parts[name]
         if w.skip_masked:
             w._last_masked_ratio.assign(1.0)  # score every batch
-        return w.train_on_batch(x, tf.constant(y.astype("int32")), return_dict=True)
+        return w.train_on_batch(
+            x, tf.constant(y.astype("int32")), return_dict=True
+        )
 
     for name in names:  # compile, then one warm-up call
         run(name)
@@ -215,19 +252,28 @@ def skip_masked_steps(model, data, repeats):
             t = time.perf_counter()
             logs = run(name)
             round_times[name] = time.perf_counter() - t
-            measured[name].append((float(logs["masked_ratio"]), float(logs.get("backward_fraction", 1.0))))
+            measured[name].append(
+                (
+                    float(logs["masked_ratio"]),
+                    float(logs.get("backward_fraction", 1.0)),
+                )
+            )
         for name in names:
             times[name].append(round_times[name])
-            shares[name].append(round_times[name] / round_times["plain step, graph"])
+            shares[name].append(
+                round_times[name] / round_times["plain step, graph"]
+            )
     print(
-        "\nASSpeed train step (train_on_batch), max_steps=1, scoring forced on; "
-        f"median of {repeats} interleaved rounds; x = time / plain graph step, same round"
+        "\nASSpeed train step (train_on_batch), max_steps=1, scoring forced "
+        f"on; median of {repeats} interleaved rounds; "
+        "x = time / plain graph step, same round"
     )
     for name in names:
         masked_ratio, trained = np.median(np.array(measured[name]), axis=0)
         print(
             f"  {name:<38} {1e3 * statistics.median(times[name]):8.1f} ms   "
-            f"x {statistics.median(shares[name]):5.2f}   masked {masked_ratio:4.2f}   trained {trained:4.2f}"
+            f"x {statistics.median(shares[name]):5.2f}   "
+            f"masked {masked_ratio:4.2f}   trained {trained:4.2f}"
         )
 
 

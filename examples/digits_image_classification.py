@@ -10,9 +10,9 @@ optimizer updates and training seconds per method.
 Usage:
 
 ```
-pip install -e ".[examples]"
-python examples/digits_image_classification.py            # 3 seeds, ~1-2 minutes
-python examples/digits_image_classification.py --quick    # 1 seed, 2 epochs
+pip install -e . -e ./lab   # the harness brings scikit-learn
+python examples/digits_image_classification.py          # 3 seeds, ~1-2 minutes
+python examples/digits_image_classification.py --quick  # 1 seed, 2 epochs
 ```
 """
 
@@ -60,7 +60,10 @@ def train(method, data, seed, epochs, delta=0.3):
     model = build_model()
     if method == "softmax":
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        metrics = ["accuracy", keras_as_softmax.MaskedRatio(keras_as_softmax.ASSoftmaxLoss(delta))]
+        metrics = [
+            "accuracy",
+            keras_as_softmax.MaskedRatio(keras_as_softmax.ASSoftmaxLoss(delta)),
+        ]
     else:
         loss = keras_as_softmax.ASSoftmaxLoss(delta)
         metrics = ["accuracy"]
@@ -113,8 +116,10 @@ def main(argv=None):
         )
     print("method      test accuracy   masked  updates  train s")
     print("\n".join(rows))
-    print("masked: last epoch's share of training images whose AS-Softmax loss "
-          "(delta 0.3) is exactly 0 (for softmax: would be).")
+    print(
+        "masked: last epoch's share of training images whose AS-Softmax loss "
+        "(delta 0.3) is exactly 0 (for softmax: would be)."
+    )
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ reproducible and easy to review; edit this script, not the `.ipynb` files,
 then regenerate and re-execute them:
 
 ```
-python examples/make_notebooks.py                        # writes the 3 notebooks (no outputs)
-python examples/run_notebooks.py --inplace               # full offline run, outputs kept
+python examples/make_notebooks.py        # writes the 3 notebooks (no outputs)
+python examples/run_notebooks.py --inplace   # full offline run, outputs kept
 python examples/run_notebooks.py --quick -o /tmp/nb      # CI smoke run
 ```
 
@@ -41,7 +41,7 @@ most one, capped at `s`), which saves optimizer steps late in training.
 
 This notebook fine-tunes the same pretrained BERT backbone with plain
 softmax cross entropy, AS-Softmax and AS-Speed side by side, using the
-shared runner `keras_as_softmax.experiments`, and reproduces three analyses
+shared runner `as_softmax_lab`, and reproduces three analyses
 of the paper:
 
 1. the **masked ratio** over training steps (paper Fig. 1);
@@ -76,7 +76,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Image, display
 
-from keras_as_softmax import datasets, experiments
+import as_softmax_lab as lab
+from as_softmax_lab import datasets
 
 
 def show(fig, dpi=72):
@@ -88,15 +89,18 @@ def show(fig, dpi=72):
 
 
 start = time.perf_counter()
-backbone = experiments.load_backbone(PRESET)
-print(f"backbone: {PRESET} ({backbone.backbone.count_params():,} parameters, "
-      f"{backbone.backbone.num_layers} layers, hidden {backbone.backbone.hidden_dim})")
+backbone = lab.load_backbone(PRESET)
+bert = backbone.backbone
+print(
+    f"backbone: {PRESET} ({bert.count_params():,} parameters, "
+    f"{bert.num_layers} layers, hidden {bert.hidden_dim})"
+)
 """
 
 TRAIN_MD = """\
 ## Training: softmax vs AS-Softmax vs AS-Speed
 
-`experiments.run` fine-tunes a fresh copy of the backbone (same initial
+`lab.run` fine-tunes a fresh copy of the backbone (same initial
 weights and seed for every method) and records, per training batch, the
 share of masked samples (for softmax: the share an AS-Softmax loss with the
 same `delta` *would* mask), a validation pass `EVALS_PER_EPOCH` times per
@@ -109,17 +113,32 @@ results = []
 for seed in SEEDS:
     for method in METHODS:
         t = time.perf_counter()
-        result = experiments.run(
-            method, prepared, backbone, seed=seed, epochs=EPOCHS, batch_size=BATCH_SIZE,
-            learning_rate=LEARNING_RATE, delta=DELTA, evals_per_epoch=EVALS_PER_EPOCH,
-            jit_compile=JIT_COMPILE, verbose=0,
+        result = lab.run(
+            method,
+            prepared,
+            backbone,
+            seed=seed,
+            epochs=EPOCHS,
+            batch_size=BATCH_SIZE,
+            learning_rate=LEARNING_RATE,
+            delta=DELTA,
+            evals_per_epoch=EVALS_PER_EPOCH,
+            jit_compile=JIT_COMPILE,
+            verbose=0,
         )
         results.append(result)
-        accum = f", accumulation steps {result.accum_steps[-1]}" if result.accum_steps else ""
-        print(f"seed {seed} {method:>10}: val {result.metric_name} {100 * result.val_metric:5.2f}, "
-              f"test {100 * result.test_metric:5.2f}, {result.time_per_epoch:5.1f}s/epoch "
-              f"(+{result.compile_time:.0f}s compile), {result.optimizer_updates} updates{accum} "
-              f"[{time.perf_counter() - t:.0f}s]")
+        accum = ""
+        if result.accum_steps:
+            accum = f", accumulation steps {result.accum_steps[-1]}"
+        print(
+            f"seed {seed} {method:>10}: "
+            f"val {result.metric_name} {100 * result.val_metric:5.2f}, "
+            f"test {100 * result.test_metric:5.2f}, "
+            f"{result.time_per_epoch:5.1f}s/epoch "
+            f"(+{result.compile_time:.0f}s compile), "
+            f"{result.optimizer_updates} updates{accum} "
+            f"[{time.perf_counter() - t:.0f}s]"
+        )
 """
 
 TABLE_MD = """\
@@ -133,7 +152,7 @@ Pearson correlation between validation loss and validation {metric}.
 """
 
 TABLE = """\
-print(experiments.compare(results))
+print(lab.compare(results))
 """
 
 FIG1_MD = """\
@@ -147,7 +166,7 @@ mask on softmax's own batches.
 """
 
 FIG1 = """\
-show(experiments.plot_masked_ratio(results, smooth=5))
+show(lab.plot_masked_ratio(results, smooth=5))
 """
 
 TAB4_MD = """\
@@ -162,10 +181,13 @@ the correlation is noisy.
 """
 
 TAB4 = """\
-show(experiments.plot_loss_vs_metric(results))
+show(lab.plot_loss_vs_metric(results))
 for r in results:
-    print(f"{r.method:>10} (seed {r.seed}): pearson(val loss, val {r.metric_name}) = "
-          f"{experiments.loss_metric_correlation(r):+.3f} over {len(r.evals)} evaluations")
+    print(
+        f"{r.method:>10} (seed {r.seed}): "
+        f"pearson(val loss, val {r.metric_name}) = "
+        f"{lab.loss_metric_correlation(r):+.3f} over {len(r.evals)} evaluations"
+    )
 """
 
 FIG4_MD = """\
@@ -180,12 +202,17 @@ matters for the metric.
 """
 
 FIG4 = """\
-show(experiments.plot_margins(results))
+show(lab.plot_margins(results))
 for r in results:
     m = np.asarray(r.test_margins)
-    print(f"{r.method:>10} (seed {r.seed}): n={m.size}, margin < 0: {100 * np.mean(m < 0):5.1f}%, "
-          f"0 <= margin < delta: {100 * np.mean((m >= 0) & (m < DELTA)):5.1f}%, "
-          f"margin >= 0.9: {100 * np.mean(m >= 0.9):5.1f}%, median {np.median(m):+.3f}")
+    below_delta = np.mean((m >= 0) & (m < DELTA))
+    print(
+        f"{r.method:>10} (seed {r.seed}): n={m.size}, "
+        f"margin < 0: {100 * np.mean(m < 0):5.1f}%, "
+        f"0 <= margin < delta: {100 * below_delta:5.1f}%, "
+        f"margin >= 0.9: {100 * np.mean(m >= 0.9):5.1f}%, "
+        f"median {np.median(m):+.3f}"
+    )
 """
 
 END = """\
@@ -193,10 +220,21 @@ print(f"notebook wall time: {time.perf_counter() - start:.0f}s")
 """
 
 
-def _common_params(source, sources, train_size, eval_size, epochs, sequence_length, delta, evals_per_epoch):
+def _common_params(
+    source,
+    sources,
+    train_size,
+    eval_size,
+    epochs,
+    sequence_length,
+    delta,
+    evals_per_epoch,
+):
     return f"""\
-# Data and backbone. Offline (default): SOURCE = "wordnet", PRESET = "offline-minilm".
-# Online, as in the paper: SOURCE = "{sources}", PRESET = "bert_base_en_uncased".
+# Data and backbone. Offline (default):
+#   SOURCE = "wordnet", PRESET = "offline-minilm".
+# Online, as in the paper:
+#   SOURCE = "{sources}", PRESET = "bert_base_en_uncased".
 SOURCE = "{source}"
 PRESET = "offline-minilm"
 TRAIN_SIZE = {train_size}       # training examples (None: the whole split)
@@ -205,21 +243,37 @@ SEQUENCE_LENGTH = {sequence_length}
 EPOCHS = {epochs}
 BATCH_SIZE = 32
 LEARNING_RATE = 1e-4
-DELTA = {delta}            # AS-Softmax margin (None: experiments.DEFAULT_DELTA)
-EVALS_PER_EPOCH = {evals_per_epoch}    # validation passes per epoch (points of the Table 4 plot)
+DELTA = {delta}            # AS-Softmax margin (None: lab.DEFAULT_DELTA)
+# Validation passes per epoch (the points of the Table 4 plot):
+EVALS_PER_EPOCH = {evals_per_epoch}
 SEEDS = [0]
 METHODS = ["softmax", "as_softmax", "as_speed"]
-JIT_COMPILE = None    # None: XLA on TensorFlow (runner default); False skips the slow XLA compile
-QUICK = False         # CI smoke run (run_notebooks.py --quick also shrinks the sizes)
+# None: XLA on TensorFlow (the runner's default); False skips the slow compile.
+JIT_COMPILE = None
+QUICK = False  # CI smoke run (run_notebooks.py --quick also shrinks the sizes)
 """
 
 
-def _notebook(title, intro, task_md, params, data_md, data_code, metric, unit, unit_singular, ml_note=""):
+def _notebook(
+    title,
+    intro,
+    task_md,
+    params,
+    data_md,
+    data_code,
+    metric,
+    unit,
+    unit_singular,
+    ml_note="",
+):
     cells = [
         new_markdown_cell(f"# {title}\n\n{intro}\n{AS_SOFTMAX_INTRO}"),
         new_markdown_cell(PARAMS_MD),
         new_code_cell(params, metadata={"tags": ["parameters"]}),
-        new_markdown_cell("## Setup\n\nLoads the backbone once; every run starts from a fresh copy of its weights."),
+        new_markdown_cell(
+            "## Setup\n\nLoads the backbone once; every run starts from a "
+            "fresh copy of its weights."
+        ),
         new_code_cell(SETUP),
         new_markdown_cell(data_md),
         new_code_cell(data_code),
@@ -231,40 +285,56 @@ def _notebook(title, intro, task_md, params, data_md, data_code, metric, unit, u
         new_code_cell(FIG1),
         new_markdown_cell(TAB4_MD.format(metric=metric)),
         new_code_cell(TAB4),
-        new_markdown_cell(FIG4_MD.format(unit_singular=unit_singular, ml_note=ml_note)),
+        new_markdown_cell(
+            FIG4_MD.format(unit_singular=unit_singular, ml_note=ml_note)
+        ),
         new_code_cell(FIG4),
         new_code_cell(END),
     ]
     nb = new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.metadata["kernelspec"] = {
+        "display_name": "Python 3",
+        "language": "python",
+        "name": "python3",
+    }
     nb.metadata["language_info"] = {"name": "python"}
     return nb
 
 
 def _data_code(loader):
     return f"""\
-max_examples = {{"train": TRAIN_SIZE, "validation": EVAL_SIZE, "test": EVAL_SIZE}}
-data = datasets.{loader}(SOURCE, max_examples=max_examples)
-prepared = experiments.prepare_data(data, backbone.tokenizer, SEQUENCE_LENGTH)
+max_examples = {{
+    "train": TRAIN_SIZE,
+    "validation": EVAL_SIZE,
+    "test": EVAL_SIZE,
+}}
+load = datasets.{loader}
+data = load(SOURCE, max_examples=max_examples)
+prepared = lab.prepare_data(data, backbone.tokenizer, SEQUENCE_LENGTH)
 print(prepared)
-print("classes:", ", ".join(prepared.class_names[:12]), "..." if prepared.num_classes > 12 else "")
+more = "..." if prepared.num_classes > 12 else ""
+print("classes:", ", ".join(prepared.class_names[:12]), more)
 """
 
 
 def multiclass():
     return _notebook(
         "Multi-class text classification: softmax vs AS-Softmax vs AS-Speed",
-        "Single-label intent/topic classification, the paper's main setting (CLINC150 etc.).",
-        "\nMulti-class loss: `SparseCategoricalCrossentropy(from_logits=True)` for softmax, "
-        "`ASSoftmaxLoss(delta)` for the AS methods; metric: accuracy.\n",
+        "Single-label intent/topic classification, the paper's main setting "
+        "(CLINC150 etc.).",
+        "\nMulti-class loss: `SparseCategoricalCrossentropy(from_logits=True)` "
+        "for softmax, `ASSoftmaxLoss(delta)` for the AS methods; "
+        "metric: accuracy.\n",
         _common_params("wordnet", "clinc_oos", 768, 256, 2, 32, 0.3, 3),
         "## Data\n\n"
-        "`SOURCE=\"wordnet\"`: WordNet 3.0 synset definitions labelled with one of 45 "
-        "lexicographer categories (`noun.animal`, `verb.motion`, ...), bundled with the package. "
-        "`SOURCE=\"clinc_oos\"`: CLINC150 intents (150 classes) through tensorflow-datasets. "
-        "Texts are tokenized once into padded arrays.",
+        '`SOURCE="wordnet"`: WordNet 3.0 synset definitions labelled with '
+        "one of 45 lexicographer categories (`noun.animal`, `verb.motion`, "
+        "...), bundled with the package. "
+        '`SOURCE="clinc_oos"`: CLINC150 intents (150 classes) through '
+        "tensorflow-datasets. Texts are tokenized once into padded arrays.",
         _data_code("load_text_classification")
-        + 'print("example:", repr(data.train.texts[0]), "->", data.class_names[int(data.train.labels[0])])\n',
+        + "label = data.class_names[int(data.train.labels[0])]\n"
+        + 'print("example:", repr(data.train.texts[0]), "->", label)\n',
         "accuracy",
         "",
         "sample",
@@ -274,63 +344,76 @@ def multiclass():
 def multilabel():
     return _notebook(
         "Multi-label text classification: softmax vs AS-Softmax vs AS-Speed",
-        "Each text has a *set* of labels (like GoEmotions). The softmax baseline is the "
-        "multi-label categorical cross entropy (`MultiLabelCategoricalCrossentropy`, "
-        "positives vs negatives through a logsumexp with a 0 threshold class); the AS variant, "
-        "`MultiLabelASSoftmaxLoss(delta)`, drops the classes that are already separated by "
-        "`delta`. A class is predicted where its logit is > 0; metric: micro-F1.",
+        "Each text has a *set* of labels (like GoEmotions). The softmax "
+        "baseline is the multi-label categorical cross entropy "
+        "(`MultiLabelCategoricalCrossentropy`, positives vs negatives through "
+        "a logsumexp with a 0 threshold class); the AS variant, "
+        "`MultiLabelASSoftmaxLoss(delta)`, drops the classes that are already "
+        "separated by `delta`. A class is predicted where its logit is > 0; "
+        "metric: micro-F1.",
         "\nThe multi-label default margin is small (`DELTA = 0.05`, "
-        "`experiments.DEFAULT_DELTA['multilabel']`) because the probabilities are spread "
-        "over several positives.\n",
+        "`lab.DEFAULT_DELTA['multilabel']`) because the probabilities are "
+        "spread over several positives.\n",
         _common_params("wordnet", "goemotions", 768, 256, 2, 40, 0.05, 3),
         "## Data\n\n"
-        "`SOURCE=\"wordnet\"`: for each polysemous WordNet 3.0 word, the definitions of its "
-        "senses (the word left out) labelled with the set of their lexicographer categories "
-        "(45 classes, about 2 labels per text), bundled with the package. "
-        "`SOURCE=\"goemotions\"`: GoEmotions Reddit comments (28 emotions) through "
-        "tensorflow-datasets.",
+        '`SOURCE="wordnet"`: for each polysemous WordNet 3.0 word, the '
+        "definitions of its senses (the word left out) labelled with the set "
+        "of their lexicographer categories (45 classes, about 2 labels per "
+        "text), bundled with the package. "
+        '`SOURCE="goemotions"`: GoEmotions Reddit comments (28 emotions) '
+        "through tensorflow-datasets.",
         _data_code("load_multilabel_classification")
         + "labels = np.asarray(data.train.labels)\n"
         + 'print(f"labels per text: {labels.sum(1).mean():.2f}")\n'
-        + 'print("example:", repr(data.train.texts[0][:120]), "->", '
-        + "[data.class_names[i] for i in np.flatnonzero(labels[0])])\n",
+        + "names = [data.class_names[i] for i in np.flatnonzero(labels[0])]\n"
+        + 'print("example:", repr(data.train.texts[0][:120]), "->", names)\n',
         "micro_f1",
         "",
         "text",
-        ml_note=": for a multi-label text, the weakest positive's probability minus the "
-        "strongest negative's, over texts with both",
+        ml_note=": for a multi-label text, the weakest positive's probability "
+        "minus the strongest negative's, over texts with both",
     )
 
 
 def tokens():
     return _notebook(
-        "Token classification (NER-style BIO tagging): softmax vs AS-Softmax vs AS-Speed",
-        "Every word gets a BIO tag (`B-X` begins an entity of type X, `I-X` continues it, `O` "
-        "is outside). Sentences are split into word pieces; only the **first piece of each "
-        "word** carries the word's tag, while the other pieces, `[CLS]`, `[SEP]` and padding "
-        "get the label `-1`, which both losses skip with `ignore_class=-1` (and the masked "
-        "ratio does not count). The metric is the **entity-level F1** (a predicted entity "
-        "counts only if its type and both boundaries are right, as `seqeval`), computed by "
-        "`experiments.bio_f1_score` on the first pieces.",
-        "\nToken loss: `SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)` for "
-        "softmax, `ASSoftmaxLoss(delta, ignore_class=-1)` for the AS methods; every tagged "
-        "token is one \"sample\" of the masked ratio.\n",
+        "Token classification (NER-style BIO tagging): "
+        "softmax vs AS-Softmax vs AS-Speed",
+        "Every word gets a BIO tag (`B-X` begins an entity of type X, `I-X` "
+        "continues it, `O` is outside). Sentences are split into word pieces; "
+        "only the **first piece of each word** carries the word's tag, while "
+        "the other pieces, `[CLS]`, `[SEP]` and padding get the label `-1`, "
+        "which both losses skip with `ignore_class=-1` (and the masked ratio "
+        "does not count). The metric is the **entity-level F1** (a predicted "
+        "entity counts only if its type and both boundaries are right, as "
+        "`seqeval`), computed by `lab.bio_f1_score` on the first pieces.",
+        "\nToken loss: "
+        "`SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)` "
+        "for softmax, `ASSoftmaxLoss(delta, ignore_class=-1)` for the AS "
+        'methods; every tagged token is one "sample" of the masked ratio.\n',
         _common_params("wordnet", "conll2003", 768, 256, 2, 32, 0.3, 3),
         "## Data\n\n"
-        "`SOURCE=\"wordnet\"`: WordNet 3.0 example sentences in which the word(s) realising the "
-        "illustrated sense are tagged with its coarse category (49 tags: `O` and `B-`/`I-` of 24 "
-        "types such as `verb.motion`), bundled with the package. `SOURCE=\"conll2003\"`: "
-        "CoNLL-2003 English NER (9 tags) through tensorflow-datasets. The cell below also shows "
-        "how the tags are aligned to word pieces.",
+        '`SOURCE="wordnet"`: WordNet 3.0 example sentences in which the '
+        "word(s) realising the illustrated sense are tagged with its coarse "
+        "category (49 tags: `O` and `B-`/`I-` of 24 types such as "
+        '`verb.motion`), bundled with the package. `SOURCE="conll2003"`: '
+        "CoNLL-2003 English NER (9 tags) through tensorflow-datasets. The cell "
+        "below also shows how the tags are aligned to word pieces.",
         _data_code("load_token_classification")
         + """\
 x, y = prepared.train
 ids = x["token_ids"][0]
-pieces = [backbone.tokenizer.id_to_token(int(i)) for i in ids[: int(x["padding_mask"][0].sum())]]
+length = int(x["padding_mask"][0].sum())
+pieces = [backbone.tokenizer.id_to_token(int(i)) for i in ids[:length]]
 print("\\nword pieces and their labels (-1 = ignored):")
-print(" ".join(f"{p}/{prepared.class_names[t] if t >= 0 else -1}" for p, t in zip(pieces, y[0])))
-print(f"tagged tokens per sentence: {np.mean(np.sum(y >= 0, 1)):.1f}, "
-      f"non-O: {np.mean(np.sum((y >= 0) & (y != prepared.class_names.index('O')), 1)):.2f}")
+names = [prepared.class_names[t] if t >= 0 else -1 for t in y[0]]
+print(" ".join(f"{p}/{name}" for p, name in zip(pieces, names)))
+tagged = y >= 0
+entities = tagged & (y != prepared.class_names.index("O"))
+print(
+    f"tagged tokens per sentence: {np.mean(np.sum(tagged, 1)):.1f}, "
+    f"non-O: {np.mean(np.sum(entities, 1)):.2f}"
+)
 """,
         "entity_f1",
         " (here: tagged tokens, i.e. first word pieces)",
@@ -346,7 +429,9 @@ NOTEBOOKS = {
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Writes the example notebooks (without outputs).")
+    parser = argparse.ArgumentParser(
+        description="Writes the example notebooks (without outputs)."
+    )
     parser.add_argument("--output-dir", default=HERE)
     args = parser.parse_args(argv)
     os.makedirs(args.output_dir, exist_ok=True)

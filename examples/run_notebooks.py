@@ -8,11 +8,15 @@ non-zero status if any notebook fails.
 Usage:
 
 ```
-python examples/run_notebooks.py --quick -o /tmp/nb            # CI smoke run
-python examples/run_notebooks.py --inplace                     # full offline run, outputs committed
-python examples/run_notebooks.py token_classification.ipynb -p EPOCHS=3 -p SEEDS=[0,1]
-python examples/run_notebooks.py -p SOURCE='"clinc_oos"' -p PRESET='"bert_base_en_uncased"' \\
-    multiclass_text_classification.ipynb                       # online (network needed)
+# CI smoke run:
+python examples/run_notebooks.py --quick -o /tmp/nb
+# full offline run, outputs committed:
+python examples/run_notebooks.py --inplace
+python examples/run_notebooks.py token_classification.ipynb \\
+    -p EPOCHS=3 -p SEEDS=[0,1]
+# online (network needed):
+python examples/run_notebooks.py -p SOURCE='"clinc_oos"' \\
+    -p PRESET='"bert_base_en_uncased"' multiclass_text_classification.ipynb
 ```
 
 `-p NAME=VALUE` takes a Python literal (`ast.literal_eval`); a value that
@@ -78,8 +82,23 @@ def ensure_kernel(name):
     except NoSuchKernel:
         if name != "python3":
             raise
-    print(f"[run_notebooks] kernel {name!r} not found; installing it with ipykernel", flush=True)
-    subprocess.run([sys.executable, "-m", "ipykernel", "install", "--user", "--name", name], check=True)
+    print(
+        f"[run_notebooks] kernel {name!r} not found; "
+        "installing it with ipykernel",
+        flush=True,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ipykernel",
+            "install",
+            "--user",
+            "--name",
+            name,
+        ],
+        check=True,
+    )
     KernelSpecManager().get_kernel_spec(name)
 
 
@@ -89,22 +108,35 @@ def inject_parameters(nb, params):
     import nbformat
 
     nb = copy.deepcopy(nb)
-    cells = [c for c in nb.cells if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+    cells = [
+        c
+        for c in nb.cells
+        if "injected-parameters" not in c.get("metadata", {}).get("tags", [])
+    ]
     nb.cells = cells
     if not params:
         return nb
     index = next(
-        (i + 1 for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])), 0
+        (
+            i + 1
+            for i, c in enumerate(cells)
+            if "parameters" in c.get("metadata", {}).get("tags", [])
+        ),
+        0,
     )
     source = "# Parameters injected by examples/run_notebooks.py\n" + "".join(
         f"{name} = {value!r}\n" for name, value in params.items()
     )
-    cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
+    cell = nbformat.v4.new_code_cell(
+        source, metadata={"tags": ["injected-parameters"]}
+    )
     cells.insert(index, cell)
     return nb
 
 
-def run_notebook(path, output_path, params, kernel_name="python3", timeout=1800):
+def run_notebook(
+    path, output_path, params, kernel_name="python3", timeout=1800
+):
     """Executes one notebook; writes the executed copy (also on failure).
 
     Returns:
@@ -119,7 +151,9 @@ def run_notebook(path, output_path, params, kernel_name="python3", timeout=1800)
         nb,
         timeout=timeout,
         kernel_name=kernel_name,
-        resources={"metadata": {"path": os.path.dirname(os.path.abspath(path))}},
+        resources={
+            "metadata": {"path": os.path.dirname(os.path.abspath(path))}
+        },
     )
     start = time.perf_counter()
     error = None
@@ -141,18 +175,46 @@ def run_notebook(path, output_path, params, kernel_name="python3", timeout=1800)
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("notebooks", nargs="*", help=f"notebooks to run (default: the {len(NOTEBOOKS)} examples)")
-    parser.add_argument("--quick", action="store_true", help=f"tiny smoke run: {QUICK_PARAMETERS}")
-    parser.add_argument("-p", "--parameter", action="append", metavar="NAME=VALUE", help="override a parameter")
-    parser.add_argument("-o", "--output-dir", default="executed_notebooks", help="where executed copies go")
-    parser.add_argument("--inplace", action="store_true", help="overwrite the source notebooks with their outputs")
+    parser.add_argument(
+        "notebooks",
+        nargs="*",
+        help=f"notebooks to run (default: the {len(NOTEBOOKS)} examples)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"tiny smoke run: {QUICK_PARAMETERS}",
+    )
+    parser.add_argument(
+        "-p",
+        "--parameter",
+        action="append",
+        metavar="NAME=VALUE",
+        help="override a parameter",
+    )
+    parser.add_argument(
+        "-o",
+        "--output-dir",
+        default="executed_notebooks",
+        help="where executed copies go",
+    )
+    parser.add_argument(
+        "--inplace",
+        action="store_true",
+        help="overwrite the source notebooks with their outputs",
+    )
     parser.add_argument("--kernel", default="python3")
-    parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    parser.add_argument(
+        "--timeout", type=int, default=1800, help="seconds per cell"
+    )
     args = parser.parse_args(argv)
 
     params = dict(QUICK_PARAMETERS) if args.quick else {}
     params.update(parse_parameters(args.parameter))
-    paths = [p if os.path.exists(p) else os.path.join(HERE, p) for p in (args.notebooks or NOTEBOOKS)]
+    paths = [
+        p if os.path.exists(p) else os.path.join(HERE, p)
+        for p in (args.notebooks or NOTEBOOKS)
+    ]
     ensure_kernel(args.kernel)
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -160,15 +222,31 @@ def main(argv=None):
 
     failures = []
     for path in paths:
-        output = path if args.inplace else os.path.join(args.output_dir, os.path.basename(path))
-        print(f"[run_notebooks] {os.path.basename(path)} -> {output} {params or ''}", flush=True)
-        ok, seconds, error = run_notebook(path, output, params, args.kernel, args.timeout)
-        print(f"[run_notebooks] {'ok' if ok else 'FAILED'} in {seconds:.0f}s", flush=True)
+        output = (
+            path
+            if args.inplace
+            else os.path.join(args.output_dir, os.path.basename(path))
+        )
+        print(
+            f"[run_notebooks] {os.path.basename(path)} -> {output} "
+            f"{params or ''}",
+            flush=True,
+        )
+        ok, seconds, error = run_notebook(
+            path, output, params, args.kernel, args.timeout
+        )
+        print(
+            f"[run_notebooks] {'ok' if ok else 'FAILED'} in {seconds:.0f}s",
+            flush=True,
+        )
         if not ok:
             failures.append(path)
             print(error, file=sys.stderr, flush=True)
     if failures:
-        print(f"[run_notebooks] {len(failures)} notebook(s) failed: {failures}", file=sys.stderr)
+        print(
+            f"[run_notebooks] {len(failures)} notebook(s) failed: {failures}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

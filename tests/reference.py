@@ -72,7 +72,10 @@ def am_softmax(labels, logits, scale, margin, ignore_class=None):
 
 def temperature_softmax(labels, logits, temperature, ignore_class=None):
     return _rows(
-        labels, logits, ignore_class, lambda o, t: _lse(o / temperature) - o[t] / temperature
+        labels,
+        logits,
+        ignore_class,
+        lambda o, t: _lse(o / temperature) - o[t] / temperature,
     )
 
 
@@ -87,13 +90,17 @@ def _bisect_tau(f, lo, hi):
 
 
 def sparsemax_probs(o):
-    tau = _bisect_tau(lambda tau: np.maximum(o - tau, 0).sum(), o.min() - 1, o.max())
+    tau = _bisect_tau(
+        lambda tau: np.maximum(o - tau, 0).sum(), o.min() - 1, o.max()
+    )
     return np.maximum(o - tau, 0)
 
 
 def entmax15_probs(o):
     z = o / 2
-    tau = _bisect_tau(lambda tau: (np.maximum(z - tau, 0) ** 2).sum(), z.min() - 1, z.max())
+    tau = _bisect_tau(
+        lambda tau: (np.maximum(z - tau, 0) ** 2).sum(), z.min() - 1, z.max()
+    )
     return np.maximum(z - tau, 0) ** 2
 
 
@@ -130,5 +137,7 @@ def multilabel(y, logits, delta=None):
                 z_neg &= ~(p[pos].min() - p >= delta)
             if neg.any():
                 z_pos &= ~(p - p[neg].max() >= delta)
-        out[idx] = _lse(np.append(o[z_neg], 0.0)) + _lse(np.append(-o[z_pos], 0.0))
+        out[idx] = _lse(np.append(o[z_neg], 0.0)) + _lse(
+            np.append(-o[z_pos], 0.0)
+        )
     return out

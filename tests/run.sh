@@ -3,7 +3,7 @@
 # the loss suite on JAX and PyTorch, and the AS-Speed suite on JAX.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install --quiet --disable-pip-version-check -e ".[test,jax]" "torch==2.13.0"
+python -m pip install --quiet --disable-pip-version-check -e ".[test,jax]" -e ./lab "torch==2.13.0"
 export TF_CPP_MIN_LOG_LEVEL=2 HF_HUB_OFFLINE=1
 KERAS_BACKEND=tensorflow python -m pytest -q -p no:cacheprovider "$@"
 KERAS_BACKEND=jax python -m pytest -q -p no:cacheprovider -m multibackend "$@"

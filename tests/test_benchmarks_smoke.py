@@ -12,7 +12,9 @@ import sys
 import keras
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "loss_speed.py"
+SCRIPT = (
+    pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "loss_speed.py"
+)
 
 
 def run_quick(script, backend, timeout):
@@ -38,7 +40,12 @@ def test_loss_speed_quick_runs_and_prints_table():
     assert header, out
     for column in ("ours ms", "base ms", "time x", "peak MiB ours", "mem x"):
         assert column in header[0], out
-    for name in ("AS-Softmax vs SCCE ", "AS-Softmax vs SCCE tok", "ML AS-Softmax vs MLCCE", "ML AS fn, fixed delta"):
+    for name in (
+        "AS-Softmax vs SCCE ",
+        "AS-Softmax vs SCCE tok",
+        "ML AS-Softmax vs MLCCE",
+        "ML AS fn, fixed delta",
+    ):
         assert name in out, out
     assert "Targets: time x <= 1.10" in out, out
 
@@ -51,10 +58,19 @@ def test_step_cost_quick_runs_and_prints_the_bound():
     if keras.backend.backend() != "tensorflow":
         pytest.skip("step_cost.py times TensorFlow with XLA")
     out = run_quick(STEP_COST, "tensorflow", timeout=300)
-    for part in ("train step [8]", "AdamW update alone", "inference forward [8]", "forward + backward [2]"):
+    for part in (
+        "train step [8]",
+        "AdamW update alone",
+        "inference forward [8]",
+        "forward + backward [2]",
+    ):
         assert part in out, out
     assert "s = 5:" in out and "Upper bound" in out, out
-    for part in ("plain step, graph", "skip_masked, graph, 0/8 masked", "skip_masked, graph, 8/8 masked"):
+    for part in (
+        "plain step, graph",
+        "skip_masked, graph, 0/8 masked",
+        "skip_masked, graph, 8/8 masked",
+    ):
         assert part in out, out
     # The labels set the masked share that the train step then reports.
     row = [line for line in out.splitlines() if "6/8 masked" in line][0]

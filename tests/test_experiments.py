@@ -1,4 +1,4 @@
-"""Fast offline tests of keras_as_softmax.experiments on a tiny BERT."""
+"""Fast offline tests of the experiment harness (as_softmax_lab), tiny BERT."""
 
 import os
 import subprocess
@@ -10,9 +10,11 @@ import pytest
 
 keras_hub = pytest.importorskip("keras_hub")
 
-from keras_as_softmax import datasets  # noqa: E402
-from keras_as_softmax import experiments  # noqa: E402
-from keras_as_softmax.as_speed import ASSpeed  # noqa: E402
+import as_softmax_lab as lab  # noqa: E402
+from as_softmax_lab import datasets  # noqa: E402
+from keras_as_softmax import ASSpeed  # noqa: E402
+from keras_as_softmax import MaskedSampleSkipper  # noqa: E402
+from keras_as_softmax import MultiLabelCategoricalCrossentropy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = {"train": 64, "validation": 16, "test": 16}
@@ -20,7 +22,7 @@ SIZES = {"train": 64, "validation": 16, "test": 16}
 
 @pytest.fixture(scope="module")
 def tiny_backbone():
-    from keras_as_softmax.backbones import load_bert
+    from as_softmax_lab.backbones import load_bert
 
     try:
         _, tokenizer = load_bert("offline-minilm", load_weights=False)
@@ -34,49 +36,61 @@ def tiny_backbone():
         intermediate_dim=32,
         max_sequence_length=32,
     )
-    return experiments.Backbone(backbone, tokenizer)
+    return lab.Backbone(backbone, tokenizer)
 
 
 # ------------------------------------------------------------- BIO F1
 
 
 def test_bio_spans_seqeval_rules():
-    assert experiments.bio_spans(["B-PER", "I-PER", "O", "B-LOC"]) == {("PER", 0, 2), ("LOC", 3, 4)}
+    assert lab.bio_spans(["B-PER", "I-PER", "O", "B-LOC"]) == {
+        ("PER", 0, 2),
+        ("LOC", 3, 4),
+    }
     # An I- without a B- starts a span; a type change ends one.
-    assert experiments.bio_spans(["I-PER", "I-LOC", "I-LOC"]) == {("PER", 0, 1), ("LOC", 1, 3)}
+    assert lab.bio_spans(["I-PER", "I-LOC", "I-LOC"]) == {
+        ("PER", 0, 1),
+        ("LOC", 1, 3),
+    }
     # B- after B- of the same type: two spans.
-    assert experiments.bio_spans(["B-X", "B-X", "I-X"]) == {("X", 0, 1), ("X", 1, 3)}
-    assert experiments.bio_spans(["O", "O"]) == set()
-    assert experiments.bio_spans(["B-verb.motion"]) == {("verb.motion", 0, 1)}
+    assert lab.bio_spans(["B-X", "B-X", "I-X"]) == {("X", 0, 1), ("X", 1, 3)}
+    assert lab.bio_spans(["O", "O"]) == set()
+    assert lab.bio_spans(["B-verb.motion"]) == {("verb.motion", 0, 1)}
 
 
 def test_bio_f1_hand_computed():
     true = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
-    assert experiments.bio_f1_score(true, true) == 1.0
+    assert lab.bio_f1_score(true, true) == 1.0
     # 3 true spans; predicted: PER right, LOC wrong type, ORG right + extra.
     pred = [["B-PER", "I-PER", "O", "B-ORG"], ["B-ORG", "B-MISC"]]
     # correct 2, predicted 4, true 3: P = 1/2, R = 2/3, F1 = 4/7.
-    assert experiments.bio_f1_score(true, pred) == pytest.approx(4 / 7)
+    assert lab.bio_f1_score(true, pred) == pytest.approx(4 / 7)
     # Partial span overlap counts as wrong.
-    assert experiments.bio_f1_score([["B-PER", "I-PER"]], [["B-PER", "O"]]) == 0.0
-    assert experiments.bio_f1_score([["O"]], [["O"]]) == 0.0
+    assert lab.bio_f1_score([["B-PER", "I-PER"]], [["B-PER", "O"]]) == 0.0
+    assert lab.bio_f1_score([["O"]], [["O"]]) == 0.0
 
 
 def test_task_metric_tokens_uses_first_pieces_only():
     names = ("O", "B-A", "I-A")
     y = np.array([[-1, 1, -1, 2, 0, -1]])
     logits = np.full((1, 6, 3), -5.0)
-    for pos, tag in enumerate([0, 1, 0, 2, 0, 1]):  # non-first pieces are wrong on purpose
+    for pos, tag in enumerate(
+        [0, 1, 0, 2, 0, 1]
+    ):  # non-first pieces are wrong on purpose
         logits[0, pos, tag] = 5.0
-    assert experiments.task_metric("tokens", y, logits, names) == 1.0
+    assert lab.task_metric("tokens", y, logits, names) == 1.0
 
 
 def test_micro_f1_and_margins():
     y = np.array([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
     logits = np.array([[2.0, -1.0, -1.0], [-1.0, 3.0, 1.0]])
     # tp = 2, predicted 3, true 3.
-    assert experiments.micro_f1(y, logits) == pytest.approx(2 / 3)
-    m = experiments.probability_margins("multiclass", np.array([0, 1]), np.log([[0.7, 0.2, 0.1], [0.5, 0.3, 0.2]]))
+    assert lab.micro_f1(y, logits) == pytest.approx(2 / 3)
+    m = lab.probability_margins(
+        "multiclass",
+        np.array([0, 1]),
+        np.log([[0.7, 0.2, 0.1], [0.5, 0.3, 0.2]]),
+    )
     np.testing.assert_allclose(m, [0.5, -0.2], atol=1e-9)
 
 
@@ -85,7 +99,7 @@ def test_micro_f1_and_margins():
 
 def test_tokenize_tagged_aligns_first_pieces(tiny_backbone):
     tok = tiny_backbone.tokenizer
-    x, y = experiments.tokenize_tagged(tok, [["unbelievably", "fast"]], [[1, 2]], 16)
+    x, y = lab.tokenize_tagged(tok, [["unbelievably", "fast"]], [[1, 2]], 16)
     n_pieces = len(np.asarray(tok("unbelievably")).reshape(-1))
     assert n_pieces > 1
     assert x["token_ids"][0, 0] == tok.cls_token_id
@@ -94,8 +108,11 @@ def test_tokenize_tagged_aligns_first_pieces(tiny_backbone):
     assert x["token_ids"][0, 2 + n_pieces] == tok.sep_token_id
     assert x["padding_mask"][0].sum() == 3 + n_pieces
     # Truncation keeps [SEP] and never splits a word.
-    x, y = experiments.tokenize_tagged(tok, [["word"] * 20], [[1] * 20], 8)
-    assert x["padding_mask"][0].sum() == 8 and x["token_ids"][0, 7] == tok.sep_token_id
+    x, y = lab.tokenize_tagged(tok, [["word"] * 20], [[1] * 20], 8)
+    assert (
+        x["padding_mask"][0].sum() == 8
+        and x["token_ids"][0, 7] == tok.sep_token_id
+    )
     assert np.sum(y[0] == 1) == 6
 
 
@@ -104,7 +121,11 @@ def test_tokenize_tagged_aligns_first_pieces(tiny_backbone):
 
 @pytest.mark.parametrize(
     "task,method,jit",
-    [("multiclass", "softmax", False), ("multilabel", "as_softmax", False), ("tokens", "as_speed", True)],
+    [
+        ("multiclass", "softmax", False),
+        ("multilabel", "as_softmax", False),
+        ("tokens", "as_speed", True),
+    ],
 )
 def test_run_each_task(tiny_backbone, tmp_path, task, method, jit):
     loader = {
@@ -112,60 +133,129 @@ def test_run_each_task(tiny_backbone, tmp_path, task, method, jit):
         "multilabel": datasets.load_multilabel_classification,
         "tokens": datasets.load_token_classification,
     }[task]
-    prepared = experiments.prepare_data(loader("wordnet", max_examples=SIZES), tiny_backbone.tokenizer, 24)
+    prepared = lab.prepare_data(
+        loader("wordnet", max_examples=SIZES), tiny_backbone.tokenizer, 24
+    )
     assert prepared.task == task
-    result = experiments.run(
-        method, prepared, tiny_backbone, seed=1, epochs=2, batch_size=16,
-        evals_per_epoch=2, jit_compile=jit, verbose=0, keep_model=True,
+    result = lab.run(
+        method,
+        prepared,
+        tiny_backbone,
+        seed=1,
+        epochs=2,
+        batch_size=16,
+        evals_per_epoch=2,
+        jit_compile=jit,
+        verbose=0,
+        keep_model=True,
     )
     assert result.steps_per_epoch == 4
     assert len(result.masked_ratio) == 8 and len(result.epoch_times) == 2
     assert all(0.0 <= v <= 1.0 for v in result.masked_ratio)
-    assert len(result.evals) == 4 and [e["epoch"] for e in result.evals][1::2] == [0, 1]
+    assert len(result.evals) == 4 and [e["epoch"] for e in result.evals][
+        1::2
+    ] == [0, 1]
     assert 0.0 <= result.test_metric <= 1.0 and np.isfinite(result.test_loss)
-    assert result.metric_name == experiments.METRIC_NAMES[task]
-    assert result.test_margins.ndim == 1 and np.all(np.abs(result.test_margins) <= 1.0)
+    assert result.metric_name == lab.METRIC_NAMES[task]
+    assert result.test_margins.ndim == 1 and np.all(
+        np.abs(result.test_margins) <= 1.0
+    )
     if method == "as_speed":
         assert isinstance(result.model, ASSpeed)
         assert len(result.accum_steps) == 8 and result.optimizer_updates <= 8
     else:
         assert result.optimizer_updates == 8
 
-    table = experiments.compare([result])
+    table = lab.compare([result])
     assert method in table and result.metric_name in table
-    for plot in (experiments.plot_masked_ratio, experiments.plot_loss_vs_metric, experiments.plot_margins):
+    for plot in (
+        lab.plot_masked_ratio,
+        lab.plot_loss_vs_metric,
+        lab.plot_margins,
+    ):
         path = tmp_path / f"{plot.__name__}.png"
         plot([result], str(path))
         assert path.stat().st_size > 0
 
 
 def test_make_loss_and_build_classifier(tiny_backbone):
-    loss = experiments.make_loss("as_softmax", "tokens")
-    assert loss.ignore_class == -1 and float(keras.ops.convert_to_numpy(loss.delta)) == pytest.approx(0.3)
-    assert isinstance(experiments.make_loss("softmax", "multilabel"), experiments.MultiLabelCategoricalCrossentropy)
+    loss = lab.make_loss("as_softmax", "tokens")
+    assert loss.ignore_class == -1 and float(
+        keras.ops.convert_to_numpy(loss.delta)
+    ) == pytest.approx(0.3)
+    assert isinstance(
+        lab.make_loss("softmax", "multilabel"),
+        MultiLabelCategoricalCrossentropy,
+    )
     with pytest.raises(ValueError, match="method"):
-        experiments.make_loss("adam", "multiclass")
-    model = experiments.build_classifier("tokens", 5, tiny_backbone)
-    x = {k: np.ones((2, 8), "int32") for k in ("token_ids", "padding_mask", "segment_ids")}
+        lab.make_loss("adam", "multiclass")
+    model = lab.build_classifier("tokens", 5, tiny_backbone)
+    x = {
+        k: np.ones((2, 8), "int32")
+        for k in ("token_ids", "padding_mask", "segment_ids")
+    }
     assert tuple(model(x).shape) == (2, 8, 5)
     # Fresh copies start from the same backbone weights.
-    a = experiments.build_classifier("multiclass", 3, tiny_backbone).get_layer(index=3)
-    np.testing.assert_array_equal(a.get_weights()[0], tiny_backbone.backbone.get_weights()[0])
+    a = lab.build_classifier("multiclass", 3, tiny_backbone).get_layer(index=3)
+    np.testing.assert_array_equal(
+        a.get_weights()[0], tiny_backbone.backbone.get_weights()[0]
+    )
+
+
+def test_wrap_model_builds_each_method(tiny_backbone):
+    model = lab.build_classifier("multiclass", 3, tiny_backbone)
+    wrapped, skipper = lab.wrap_model("as_softmax", model, num_samples=8)
+    assert wrapped is model and skipper is None
+    wrapped, skipper = lab.wrap_model(
+        "as_speed", model, 8, lam=0.5, max_steps=3
+    )
+    assert isinstance(wrapped, ASSpeed) and skipper is None
+    wrapped, skipper = lab.wrap_model("as_skip_hybrid", model, 8, seed=1)
+    assert isinstance(wrapped, ASSpeed)
+    assert isinstance(skipper, MaskedSampleSkipper)
 
 
 def test_compare_time_to_reach():
     def fake(method, times, metrics, epoch_time):
-        evals = [{"step": i, "epoch": i, "time": t, "val_loss": 1.0 - m, "val_metric": m} for i, (t, m) in enumerate(zip(times, metrics))]
-        return experiments.RunResult(
-            method, 0, "multiclass", "accuracy", "d", len(times), 10, 10, 1.0, [epoch_time] * len(times),
-            [10] * len(times), [0.5] * 10, [], evals, metrics[-1], 0.0, metrics[-1], 0.0, np.zeros(3),
+        evals = [
+            {
+                "step": i,
+                "epoch": i,
+                "time": t,
+                "val_loss": 1.0 - m,
+                "val_metric": m,
+            }
+            for i, (t, m) in enumerate(zip(times, metrics, strict=True))
+        ]
+        return lab.RunResult(
+            method,
+            0,
+            "multiclass",
+            "accuracy",
+            "d",
+            len(times),
+            10,
+            10,
+            1.0,
+            [epoch_time] * len(times),
+            [10] * len(times),
+            [0.5] * 10,
+            [],
+            evals,
+            metrics[-1],
+            0.0,
+            metrics[-1],
+            0.0,
+            np.zeros(3),
         )
 
     base = fake("softmax", [10, 20, 30], [0.5, 0.7, 0.6], 10.0)
     fast = fake("as_speed", [8, 16, 24], [0.6, 0.75, 0.8], 8.0)
     assert fast.time_to_reach(base.best_val_metric) == 16
-    table = experiments.compare([base, fast])
-    row = [line for line in table.splitlines() if line.startswith("as_speed")][0]
+    table = lab.compare([base, fast])
+    row = [line for line in table.splitlines() if line.startswith("as_speed")][
+        0
+    ]
     assert "0.80" in row  # time ratio 16 / 20 and epoch ratio 8 / 10
 
 
@@ -176,8 +266,18 @@ def test_compare_time_to_reach():
 def test_demo_quick(tmp_path):
     env = dict(os.environ, KERAS_BACKEND="tensorflow")
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "demo.py"), "--quick", "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=900, env=env, cwd=ROOT,
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "demo.py"),
+            "--quick",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name in ("masked_ratio.png", "loss_vs_accuracy.png", "margins.png"):

@@ -21,9 +21,17 @@ pytest.importorskip("keras_hub")
 
 @pytest.mark.slow
 def test_notebooks_run_in_quick_mode(tmp_path):
-    sources = {n: open(os.path.join(EXAMPLES, n), "rb").read() for n in NOTEBOOKS}
+    sources = {
+        n: open(os.path.join(EXAMPLES, n), "rb").read() for n in NOTEBOOKS
+    }
     proc = subprocess.run(
-        [sys.executable, os.path.join(EXAMPLES, "run_notebooks.py"), "--quick", "-o", str(tmp_path)],
+        [
+            sys.executable,
+            os.path.join(EXAMPLES, "run_notebooks.py"),
+            "--quick",
+            "-o",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=1500,
@@ -38,12 +46,24 @@ def test_notebooks_run_in_quick_mode(tmp_path):
         assert "parameters" in code[0].metadata.get("tags", [])
         assert "injected-parameters" in code[1].metadata.get("tags", [])
         assert "QUICK = True" in code[1].source
-        errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        errors = [
+            o
+            for c in code
+            for o in c.get("outputs", [])
+            if o.get("output_type") == "error"
+        ]
         assert not errors, errors
-        text = "".join(o.get("text", "") for c in code for o in c.get("outputs", []))
+        text = "".join(
+            o.get("text", "") for c in code for o in c.get("outputs", [])
+        )
         for method in ("softmax", "as_softmax", "as_speed"):
             assert method in text
-        images = [o for c in code for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+        images = [
+            o
+            for c in code
+            for o in c.get("outputs", [])
+            if "image/png" in o.get("data", {})
+        ]
         assert len(images) == 3, name  # Fig. 1, Table 4 and Fig. 4 plots
         # The source notebooks are not modified without --inplace.
         assert open(os.path.join(EXAMPLES, name), "rb").read() == sources[name]

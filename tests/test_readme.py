@@ -16,10 +16,16 @@ def quickstart_code():
 
 
 def test_quickstart_runs_as_written(tmp_path):
-    env = dict(os.environ, KERAS_BACKEND=os.environ.get("KERAS_BACKEND", "tensorflow"))
+    env = dict(
+        os.environ, KERAS_BACKEND=os.environ.get("KERAS_BACKEND", "tensorflow")
+    )
     out = subprocess.run(
         [sys.executable, "-c", quickstart_code()],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "masked_ratio" in out.stdout or "[" in out.stdout

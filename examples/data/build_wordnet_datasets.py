@@ -1,4 +1,4 @@
-"""Build the small offline WordNet 3.0 datasets bundled with `keras_as_softmax`.
+"""Build the small offline WordNet 3.0 datasets bundled with the lab package.
 
 The three datasets are built from the plain-text WordNet 3.0 database that
 Debian ships in the `wordnet-base` package (`apt-get install wordnet-base`,
@@ -8,7 +8,7 @@ labelled with WordNet's own lexicographer categories ("lexnames", also known
 as supersenses: `noun.animal`, `verb.motion`, ...).
 
 Outputs (gzip-compressed JSON, written deterministically) in
-`keras_as_softmax/datasets/data/`:
+`lab/as_softmax_lab/datasets/data/`:
 
 * `wordnet_lexname.json.gz` -- multi-class. Text: a synset's definition
   (the gloss without its example sentences and without the synset's lemmas).
@@ -100,6 +100,8 @@ LEXNAMES = (
 
 POS_FILES = ("noun", "verb", "adj", "adv")
 SOURCE = "WordNet 3.0, Princeton University (Debian package wordnet-base)"
+# Written into every file: changing it changes the bundled bytes (the path is
+# where the data lived when the files were built).
 LICENSE = (
     "WordNet 3.0 license: WordNet 3.0 Copyright 2006 by Princeton University. "
     "All rights reserved. See keras_as_softmax/datasets/data/README.md."
@@ -108,7 +110,8 @@ DEFAULT_OUTPUT = os.path.join(
     os.path.dirname(os.path.abspath(__file__)),
     os.pardir,
     os.pardir,
-    "keras_as_softmax",
+    "lab",
+    "as_softmax_lab",
     "datasets",
     "data",
 )
@@ -209,7 +212,12 @@ def read_index(wordnet_dir):
 def read_exceptions(wordnet_dir):
     """Reads `*.exc`: pos -> base form -> set of irregular inflections."""
     exceptions = {}
-    for pos, pos_file in (("n", "noun"), ("v", "verb"), ("a", "adj"), ("r", "adv")):
+    for pos, pos_file in (
+        ("n", "noun"),
+        ("v", "verb"),
+        ("a", "adj"),
+        ("r", "adv"),
+    ):
         table = collections.defaultdict(set)
         path = os.path.join(wordnet_dir, pos_file + ".exc")
         if os.path.exists(path):
@@ -281,7 +289,7 @@ def inflections(word, pos, exceptions):
 
 
 def lemma_patterns(lemma, pos, exceptions):
-    """Returns a list of token patterns (tuples of sets of forms) for a lemma."""
+    """Returns the token patterns (tuples of sets of forms) of a lemma."""
     words = [w.lower() for w in tokenize(lemma.replace("_", " "))]
     if not words or (len(words) == 1 and len(words[0]) < 2):
         return []
@@ -369,7 +377,9 @@ def stratified_split(items, label_of, sizes, min_per_class, rng):
     for label in sorted(by_class):
         members = by_class[label]
         rng.shuffle(members)
-        k = max(min(len(members), min_per_class), round(len(members) * fraction))
+        k = max(
+            min(len(members), min_per_class), round(len(members) * fraction)
+        )
         members = members[:k]
         n_test = round(k * sizes["test"] / total)
         n_val = round(k * sizes["validation"] / total)
@@ -618,15 +628,24 @@ def parse_args(argv):
     parser.add_argument("--output-dir", default=DEFAULT_OUTPUT)
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument(
-        "--lexname-sizes", type=int, nargs=3, default=(20000, 2000, 2000),
+        "--lexname-sizes",
+        type=int,
+        nargs=3,
+        default=(20000, 2000, 2000),
         metavar=("TRAIN", "VAL", "TEST"),
     )
     parser.add_argument(
-        "--multilabel-sizes", type=int, nargs=3, default=(12000, 1500, 1500),
+        "--multilabel-sizes",
+        type=int,
+        nargs=3,
+        default=(12000, 1500, 1500),
         metavar=("TRAIN", "VAL", "TEST"),
     )
     parser.add_argument(
-        "--token-sizes", type=int, nargs=3, default=(20000, 2000, 2000),
+        "--token-sizes",
+        type=int,
+        nargs=3,
+        default=(20000, 2000, 2000),
         metavar=("TRAIN", "VAL", "TEST"),
     )
     parser.add_argument("--max-senses", type=int, default=6)
@@ -644,7 +663,7 @@ def main(argv=None):
         )
 
     def sizes(values):
-        return dict(zip(("train", "validation", "test"), values))
+        return dict(zip(("train", "validation", "test"), values, strict=True))
 
     synsets = read_synsets(args.wordnet_dir)
     index = read_index(args.wordnet_dir)

@@ -1,7 +1,7 @@
 """One entry point per task, with a `source` argument choosing the data."""
 
-from keras_as_softmax.datasets import tfds_sources
-from keras_as_softmax.datasets import wordnet
+from as_softmax_lab.datasets import tfds_sources
+from as_softmax_lab.datasets import wordnet
 
 TEXT_CLASSIFICATION_SOURCES = ("wordnet", "clinc_oos")
 MULTILABEL_CLASSIFICATION_SOURCES = ("wordnet", "goemotions")
@@ -26,7 +26,7 @@ def load_text_classification(
     * `"wordnet"` (default, offline): WordNet 3.0 synset definitions labelled
       with one of 45 lexicographer categories (`noun.animal`,
       `verb.motion`, ...); 20,060 / 2,006 / 2,006 examples, bundled with the
-      package. See `keras_as_softmax.datasets.wordnet.load_wordnet_lexname`.
+      package. See `as_softmax_lab.datasets.wordnet.load_wordnet_lexname`.
     * `"clinc_oos"`: CLINC150 intent classification (150 intents, plus the
       out-of-scope class with `include_oos=True`) from TensorFlow Datasets;
       needs `tensorflow-datasets` and network access or a prepared
@@ -57,7 +57,9 @@ def load_text_classification(
     print(data.num_classes, data.class_names[y_train[0]])
     ```
     """
-    _check_source(source, TEXT_CLASSIFICATION_SOURCES, "load_text_classification")
+    _check_source(
+        source, TEXT_CLASSIFICATION_SOURCES, "load_text_classification"
+    )
     if include_oos and source != "clinc_oos":
         raise ValueError(
             "`include_oos=True` is only supported with source='clinc_oos'. "
@@ -82,7 +84,7 @@ def load_multilabel_classification(
       with the set of lexicographer categories of those senses (45 classes,
       2.05 labels per example on average); 12,000 / 1,500 / 1,500 examples,
       bundled with the package. See
-      `keras_as_softmax.datasets.wordnet.load_wordnet_multilabel`.
+      `as_softmax_lab.datasets.wordnet.load_wordnet_multilabel`.
     * `"goemotions"`: GoEmotions Reddit comments with 28 emotion labels,
       from TensorFlow Datasets; needs `tensorflow-datasets` and network
       access or a prepared `data_dir`.
@@ -131,7 +133,7 @@ def load_token_classification(
       coarse category (49 tags: `O` and `B-`/`I-` of 24 types such as
       `verb.motion`, `noun.person`, `adj`); 20,000 / 2,000 / 2,000
       sentences, bundled with the package. See
-      `keras_as_softmax.datasets.wordnet.load_wordnet_tokens`.
+      `as_softmax_lab.datasets.wordnet.load_wordnet_tokens`.
     * `"conll2003"`: CoNLL-2003 English NER (9 tags), from TensorFlow
       Datasets; its `dev` split is returned as `validation`. Needs
       `tensorflow-datasets` and network access or a prepared `data_dir`.

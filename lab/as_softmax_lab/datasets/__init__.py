@@ -13,7 +13,7 @@ The `"wordnet"` sources are real WordNet 3.0 text bundled with the package
 Example:
 
 ```python
-from keras_as_softmax import datasets
+from as_softmax_lab import datasets
 
 data = datasets.load_text_classification("wordnet", max_examples=2000)
 texts, labels = data.train
@@ -21,17 +21,17 @@ print(data)  # ClassificationData(name='wordnet_lexname', num_classes=45, ...)
 ```
 """
 
-from keras_as_softmax.datasets.loaders import load_multilabel_classification
-from keras_as_softmax.datasets.loaders import load_text_classification
-from keras_as_softmax.datasets.loaders import load_token_classification
-from keras_as_softmax.datasets.structures import ClassificationData
-from keras_as_softmax.datasets.structures import TextSplit
-from keras_as_softmax.datasets.structures import TokenClassificationData
-from keras_as_softmax.datasets.structures import TokenSplit
-from keras_as_softmax.datasets.tfds_sources import GOEMOTIONS_LABELS
-from keras_as_softmax.datasets.wordnet import load_wordnet_lexname
-from keras_as_softmax.datasets.wordnet import load_wordnet_multilabel
-from keras_as_softmax.datasets.wordnet import load_wordnet_tokens
+from as_softmax_lab.datasets.loaders import load_multilabel_classification
+from as_softmax_lab.datasets.loaders import load_text_classification
+from as_softmax_lab.datasets.loaders import load_token_classification
+from as_softmax_lab.datasets.structures import ClassificationData
+from as_softmax_lab.datasets.structures import TextSplit
+from as_softmax_lab.datasets.structures import TokenClassificationData
+from as_softmax_lab.datasets.structures import TokenSplit
+from as_softmax_lab.datasets.tfds_sources import GOEMOTIONS_LABELS
+from as_softmax_lab.datasets.wordnet import load_wordnet_lexname
+from as_softmax_lab.datasets.wordnet import load_wordnet_multilabel
+from as_softmax_lab.datasets.wordnet import load_wordnet_tokens
 
 __all__ = [
     "ClassificationData",

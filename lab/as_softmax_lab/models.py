@@ -1,0 +1,110 @@
+"""The classifier a run trains: a BERT backbone with a linear head."""
+
+import keras
+from keras import ops
+
+from as_softmax_lab.methods import check_task
+
+
+class Backbone:
+    """A BERT backbone loaded once, cloned fresh for every run.
+
+    Attributes:
+        backbone: the loaded `keras_hub.models.BertBackbone`.
+        tokenizer: its `keras_hub.models.BertTokenizer`.
+        preset: the preset it came from (or `None`).
+
+    Use `load_backbone(preset)` for a pretrained one, or wrap any backbone
+    and tokenizer (e.g. a tiny randomly initialised one in tests).
+    """
+
+    def __init__(self, backbone, tokenizer, preset=None):
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.preset = preset
+        self._config = backbone.get_config()
+        self._weights = backbone.get_weights()
+
+    def fresh(self):
+        """A new backbone with the loaded (initial) weights."""
+        import keras_hub
+
+        backbone = keras_hub.models.BertBackbone.from_config(self._config)
+        backbone.set_weights(self._weights)
+        return backbone
+
+
+def load_backbone(preset="offline-minilm", **kwargs):
+    """Loads a pretrained BERT backbone and tokenizer as a `Backbone`.
+
+    Args:
+        preset: `"offline-minilm"` (default, no network) or any KerasHub
+            BERT preset; see `as_softmax_lab.backbones.load_bert`.
+        **kwargs: passed to `load_bert`.
+
+    Returns:
+        A `Backbone`.
+    """
+    from as_softmax_lab.backbones import load_bert
+
+    backbone, tokenizer = load_bert(preset, **kwargs)
+    return Backbone(backbone, tokenizer, preset)
+
+
+def build_classifier(
+    task, num_classes, backbone="offline-minilm", dropout=0.1, pooling="mean"
+):
+    """Builds a classifier returning logits on a KerasHub BERT backbone.
+
+    Inputs are the dict `{"token_ids", "padding_mask", "segment_ids"}` of
+    `(batch, sequence_length)` arrays. For `"multiclass"`/`"multilabel"`
+    the sentence vector (`pooling`) goes through dropout and a
+    `Dense(num_classes)`; for `"tokens"` every position of the sequence
+    output does, giving `(batch, sequence_length, num_classes)` logits.
+
+    Args:
+        task: one of `TASKS`.
+        num_classes: number of classes (or tags).
+        backbone: a `Backbone` (a fresh copy is used), a
+            `keras_hub.models.BertBackbone` (used as is), or a preset string.
+        dropout: dropout rate before the output layer. Defaults to `0.1`.
+        pooling: sentence vector for the sentence tasks: `"mean"` (masked
+            mean of the sequence output, what all-MiniLM-L6-v2 was trained
+            with; default), `"cls"` (the `[CLS]` position) or `"pooled"`
+            (the backbone's `pooled_output`).
+
+    Returns:
+        A functional `keras.Model` returning logits.
+    """
+    check_task(task)
+    if isinstance(backbone, str):
+        backbone = load_backbone(backbone)
+    if isinstance(backbone, Backbone):
+        backbone = backbone.fresh()
+    names = ("token_ids", "padding_mask", "segment_ids")
+    inputs = {
+        n: keras.Input(shape=(None,), dtype="int32", name=n) for n in names
+    }
+    outputs = backbone(inputs)
+    if task == "tokens":
+        x = outputs["sequence_output"]
+    elif pooling == "mean":
+        mask = ops.expand_dims(
+            ops.cast(inputs["padding_mask"], outputs["sequence_output"].dtype),
+            -1,
+        )
+        x = ops.sum(outputs["sequence_output"] * mask, axis=1) / ops.maximum(
+            ops.sum(mask, axis=1), 1.0
+        )
+    elif pooling == "cls":
+        x = outputs["sequence_output"][:, 0, :]
+    elif pooling == "pooled":
+        x = outputs["pooled_output"]
+    else:
+        raise ValueError(
+            "Expected `pooling` in ('mean', 'cls', 'pooled'). "
+            f"Received: {pooling!r}"
+        )
+    x = keras.layers.Dropout(dropout)(x)
+    logits = keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
+    return keras.Model(inputs, logits, name=f"bert_{task}_classifier")

@@ -1,0 +1,353 @@
+"""One fine-tuning run of one method, measured.
+
+`run` trains a fresh classifier on a `PreparedData`, fed as a seeded,
+shuffled `tf.data` pipeline. Each run records the masked ratio of every
+training batch (paper Fig. 1; for softmax the ratio an
+`ASSoftmaxLoss(delta)` *would* mask on the same batches), periodic
+validation loss and metric (paper Table 4), training wall-clock per epoch
+(XLA compilation excluded and reported separately), and the test set's
+probability margins `p_target - max p_other` (paper Fig. 4).
+"""
+
+import dataclasses
+import time
+
+import keras
+import numpy as np
+from keras import ops
+
+from as_softmax_lab.data import make_dataset
+from as_softmax_lab.methods import DEFAULT_DELTA
+from as_softmax_lab.methods import IGNORE_CLASS
+from as_softmax_lab.methods import get_method
+from as_softmax_lab.methods import make_loss
+from as_softmax_lab.methods import wrap_model
+from as_softmax_lab.models import build_classifier
+from as_softmax_lab.task_metrics import probability_margins
+from as_softmax_lab.task_metrics import task_metric
+from keras_as_softmax import ASSpeed
+from keras_as_softmax.callbacks import DeltaWarmup
+from keras_as_softmax.losses import ASSoftmaxLoss
+from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
+from keras_as_softmax.metrics import MaskedRatio
+
+
+class _Recorder(keras.callbacks.Callback):
+    """Per-batch masked ratio and timing, periodic validation."""
+
+    def __init__(self, tracker, evaluate, eval_every):
+        super().__init__()
+        self.tracker = tracker
+        self.evaluate = evaluate
+        self.eval_every = eval_every
+        self.step = 0
+        self.masked_ratio, self.accum_steps = [], []
+        self.evals, self.epoch_times, self.epoch_batches = [], [], []
+        self.backward_fraction = []
+        self.step_times = []  # (epoch, batch, seconds), the first step left out
+        self.compile_time = 0.0
+        self.train_time = 0.0  # cumulative, compile and evaluation excluded
+        self._prev = (0.0, 0.0)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch_batches.append(0)
+        self._prev = (0.0, 0.0)
+        self._epoch_time = 0.0
+        self._t = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        masked = float(ops.convert_to_numpy(self.tracker.masked))
+        counted = float(ops.convert_to_numpy(self.tracker.counted))
+        now = time.perf_counter()
+        elapsed = now - self._t
+        if self.step == 0:
+            self.compile_time = elapsed
+        else:
+            self._epoch_time += elapsed
+            self.train_time += elapsed
+            self.step_times.append((len(self.epoch_batches), batch, elapsed))
+        self.step += 1
+        self.epoch_batches[-1] += 1
+        dm, dc = masked - self._prev[0], counted - self._prev[1]
+        self._prev = (masked, counted)
+        self.masked_ratio.append(dm / dc if dc > 0 else float("nan"))
+        if isinstance(self.model, ASSpeed):
+            self.accum_steps.append(self.model.accumulation_steps)
+        if self.eval_every and self.step % self.eval_every == 0:
+            self._evaluate(None)
+        self._t = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_times.append(self._epoch_time)
+        if logs and "backward_fraction" in logs:
+            self.backward_fraction.append(float(logs["backward_fraction"]))
+        if not self.evals or self.evals[-1]["step"] != self.step:
+            self._evaluate(epoch)
+        if self.evals[-1]["epoch"] is None:
+            self.evals[-1]["epoch"] = epoch
+
+    def _evaluate(self, epoch):
+        loss, metric = self.evaluate(self.model)
+        self.evals.append(
+            {
+                "step": self.step,
+                "epoch": epoch,
+                "time": self.train_time,
+                "val_loss": loss,
+                "val_metric": metric,
+            }
+        )
+
+
+# -------------------------------------------------------------------- run
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What one `run` measured.
+
+    Attributes:
+        method, seed, task, metric_name, dataset: identify the run.
+        epochs: number of epochs trained.
+        steps_per_epoch: training batches per epoch.
+        optimizer_updates: optimizer steps taken (fewer than batches under
+            AS-Speed).
+        compile_time: seconds of the first batch (tracing + XLA compile).
+        epoch_times: training seconds per epoch, compile and validation
+            excluded.
+        batches_per_epoch: training batches run in each epoch (the skipping
+            methods drop samples inside a batch, not batches).
+        masked_ratio: per training batch, the fraction of counted rows whose
+            AS-Softmax loss is exactly 0 (for softmax: that an
+            `ASSoftmaxLoss(delta)` would mask).
+        accum_steps: per batch, `ASSpeed.accumulation_steps` (AS-Speed only).
+        evals: list of dicts `step`, `epoch`, `time` (cumulative training
+            seconds), `val_loss` (the method's own loss), `val_metric`.
+        val_metric, val_loss: at the end of training.
+        test_metric, test_loss: at the end of training.
+        test_margins: `probability_margins` on the test set.
+        backward_fraction: per epoch, the share of drawn samples that went
+            through the training passes (the `"as_skip*"` methods).
+        step_times: `(epoch, batch, seconds)` of every training step but
+            the first (epochs counted from 1).
+        model: the trained model (not printed).
+    """
+
+    method: str
+    seed: int
+    task: str
+    metric_name: str
+    dataset: str
+    epochs: int
+    steps_per_epoch: int
+    optimizer_updates: int
+    compile_time: float
+    epoch_times: list
+    batches_per_epoch: list
+    masked_ratio: list
+    accum_steps: list
+    evals: list
+    val_metric: float
+    val_loss: float
+    test_metric: float
+    test_loss: float
+    test_margins: np.ndarray = dataclasses.field(repr=False)
+    backward_fraction: list = dataclasses.field(default_factory=list)
+    step_times: list = dataclasses.field(default_factory=list, repr=False)
+    model: object = dataclasses.field(default=None, repr=False)
+
+    @property
+    def train_time(self):
+        """Total training seconds (compile and validation excluded)."""
+        return float(sum(self.epoch_times))
+
+    @property
+    def time_per_epoch(self):
+        return self.train_time / max(self.epochs, 1)
+
+    @property
+    def best_val_metric(self):
+        return max(e["val_metric"] for e in self.evals)
+
+    def time_to_reach(self, target):
+        """Training seconds until a validation metric >= `target`, or `None`."""
+        for e in self.evals:
+            if e["val_metric"] >= target - 1e-12:
+                return e["time"]
+        return None
+
+
+def _predict(model, x, batch_size):
+    return model.predict(x, batch_size=batch_size, verbose=0)
+
+
+def _loss_value(loss, y, logits):
+    return float(
+        ops.convert_to_numpy(
+            loss(ops.convert_to_tensor(y), ops.convert_to_tensor(logits))
+        )
+    )
+
+
+def run(
+    method,
+    data,
+    backbone,
+    seed=0,
+    epochs=2,
+    batch_size=32,
+    learning_rate=1e-4,
+    weight_decay=0.01,
+    delta=None,
+    lam=0.5,
+    max_steps=5,
+    revisit=0.2,
+    warmup_ratio=0.0,
+    evals_per_epoch=1,
+    eval_batch_size=128,
+    jit_compile=None,
+    verbose=1,
+    keep_model=False,
+):
+    """Fine-tunes one model with one method and measures it.
+
+    Args:
+        method: a `METHODS` key, e.g. `"softmax"`, `"as_softmax"`, `"as_speed"`.
+        data: a `PreparedData` (see `prepare_data`).
+        backbone: a `Backbone` (each run starts from its initial weights).
+        seed: seeds the head's initialisation, dropout and shuffling.
+        epochs: training epochs (passes over `data.train`).
+        batch_size: micro-batch size (AS-Speed accumulates several).
+        learning_rate: AdamW's learning rate. Defaults to `1e-4`.
+        weight_decay: AdamW's weight decay. Defaults to `0.01`.
+        delta: AS-Softmax margin; defaults to `DEFAULT_DELTA[task]`. Also
+            the margin of the masked ratio recorded for softmax.
+        lam, max_steps: AS-Speed's lambda and cap `s` (Clinc: 0.5 / 5).
+        revisit: for `"as_skip_stale"` and `"as_skip_hybrid"`, the
+            probability that a sample masked at its last visit is trained
+            on anyway. Defaults to `0.2`.
+        warmup_ratio: if > 0, the AS methods train with `delta = 1` for
+            this fraction of steps (`DeltaWarmup`).
+        evals_per_epoch: validation passes per epoch (more points for the
+            loss-vs-metric correlation). Defaults to `1`.
+        eval_batch_size: batch size of validation/test prediction.
+        jit_compile: defaults to `True` on TensorFlow (`False` for the
+            `"as_skip*"` methods, which gather the samples to train on into
+            a batch of their own size, a graph-only shape; see `ASSpeed`),
+            `"auto"` otherwise.
+        verbose: 1 shows Keras's progress bar, 0 nothing.
+        keep_model: keep the trained model in the result.
+
+    Returns:
+        A `RunResult`.
+    """
+    method = get_method(method)
+    task = data.task
+    delta = DEFAULT_DELTA[task] if delta is None else delta
+    if jit_compile is None:
+        skips = method.skip_masked or method.skip_stale
+        jit_compile = (
+            (not skips) if keras.backend.backend() == "tensorflow" else "auto"
+        )
+    keras.utils.set_random_seed(seed)
+    model = build_classifier(task, data.num_classes, backbone)
+    loss = make_loss(method, task, delta)
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=learning_rate, weight_decay=weight_decay
+    )
+    model, skipper = wrap_model(
+        method,
+        model,
+        num_samples=len(data.train[1]),
+        lam=lam,
+        max_steps=max_steps,
+        revisit=revisit,
+        seed=seed,
+    )
+    if isinstance(model, ASSpeed):
+        model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
+        tracker = model.masked_ratio_tracker
+    else:
+        if method.as_loss:
+            tracker = MaskedRatio(loss)
+        elif task == "multilabel":
+            tracker = MaskedRatio(MultiLabelASSoftmaxLoss(delta))
+        else:
+            ignore = IGNORE_CLASS if task == "tokens" else None
+            tracker = MaskedRatio(ASSoftmaxLoss(delta, ignore_class=ignore))
+        model.compile(
+            optimizer=optimizer,
+            loss=loss,
+            metrics=[tracker],
+            jit_compile=jit_compile,
+        )
+
+    x_val, y_val = data.validation
+
+    def evaluate(m):
+        logits = _predict(m, x_val, eval_batch_size)
+        return _loss_value(loss, y_val, logits), task_metric(
+            task, y_val, logits, data.class_names
+        )
+
+    n_train = len(data.train[1])
+    steps_per_epoch = n_train // batch_size
+    if steps_per_epoch < 1:
+        raise ValueError(
+            f"Need at least batch_size={batch_size} training examples. "
+            f"Received: {n_train}"
+        )
+    eval_every = (
+        max(1, steps_per_epoch // evals_per_epoch) if evals_per_epoch > 1 else 0
+    )
+    recorder = _Recorder(tracker, evaluate, eval_every)
+    callbacks = [recorder]
+    if warmup_ratio > 0 and method.as_loss:
+        callbacks.append(DeltaWarmup(warmup_ratio=warmup_ratio))
+    # One iterator for the whole fit (reshuffled every pass): a new
+    # iterator per epoch stalled the first step of an epoch by up to tens
+    # of seconds here, in every method alike.
+    if skipper is not None:
+        train_ds = skipper.dataset(
+            *data.train, batch_size=batch_size, seed=seed
+        )
+    else:
+        train_ds = make_dataset(
+            data.train, batch_size, shuffle_seed=seed, drop_remainder=True
+        )
+    model.fit(
+        train_ds.repeat(),
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        callbacks=callbacks,
+        verbose=verbose,
+        shuffle=False,
+    )
+
+    x_test, y_test = data.test
+    test_logits = _predict(model, x_test, eval_batch_size)
+    final = recorder.evals[-1]
+    return RunResult(
+        method=method.name,
+        seed=seed,
+        task=task,
+        metric_name=data.metric_name,
+        dataset=data.name,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        optimizer_updates=int(ops.convert_to_numpy(model.optimizer.iterations)),
+        compile_time=recorder.compile_time,
+        epoch_times=recorder.epoch_times,
+        batches_per_epoch=recorder.epoch_batches,
+        masked_ratio=recorder.masked_ratio,
+        accum_steps=recorder.accum_steps,
+        evals=recorder.evals,
+        val_metric=final["val_metric"],
+        val_loss=final["val_loss"],
+        test_metric=task_metric(task, y_test, test_logits, data.class_names),
+        test_loss=_loss_value(loss, y_test, test_logits),
+        test_margins=probability_margins(task, y_test, test_logits),
+        backward_fraction=recorder.backward_fraction,
+        step_times=recorder.step_times,
+        model=model if keep_model else None,
+    )
