@@ -255,7 +255,7 @@ def skip_masked_steps(model, data, repeats):
             measured[name].append(
                 (
                     float(logs["masked_ratio"]),
-                    float(logs.get("backward_fraction", 1.0)),
+                    float(logs.get("trained_fraction", 1.0)),
                 )
             )
         for name in names:

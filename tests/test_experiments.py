@@ -13,7 +13,7 @@ keras_hub = pytest.importorskip("keras_hub")
 import as_softmax_lab as lab  # noqa: E402
 from as_softmax_lab import datasets  # noqa: E402
 from keras_as_softmax import ASSpeed  # noqa: E402
-from keras_as_softmax import MaskedSampleSkipper  # noqa: E402
+from keras_as_softmax import filters  # noqa: E402
 from keras_as_softmax import MultiLabelCategoricalCrossentropy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -204,15 +204,15 @@ def test_make_loss_and_build_classifier(tiny_backbone):
 
 def test_wrap_model_builds_each_method(tiny_backbone):
     model = lab.build_classifier("multiclass", 3, tiny_backbone)
-    wrapped, skipper = lab.wrap_model("as_softmax", model, num_samples=8)
-    assert wrapped is model and skipper is None
-    wrapped, skipper = lab.wrap_model(
-        "as_speed", model, 8, lam=0.5, max_steps=3
-    )
-    assert isinstance(wrapped, ASSpeed) and skipper is None
-    wrapped, skipper = lab.wrap_model("as_skip_hybrid", model, 8, seed=1)
+    assert lab.wrap_model("as_softmax", model, num_samples=8) is model
+    wrapped = lab.wrap_model("as_speed", model, 8, lam=0.5, max_steps=3)
+    assert isinstance(wrapped, ASSpeed) and wrapped.sample_filters == []
+    wrapped = lab.wrap_model("as_skip_hybrid", model, 8, seed=1)
     assert isinstance(wrapped, ASSpeed)
-    assert isinstance(skipper, MaskedSampleSkipper)
+    assert [type(f) for f in wrapped.sample_filters] == [
+        filters.SkipMaskedLastSeen,
+        filters.SkipMasked,
+    ]
 
 
 def test_compare_time_to_reach():

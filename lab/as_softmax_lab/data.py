@@ -165,12 +165,22 @@ def prepare_data(data, tokenizer, sequence_length=64):
     return PreparedData(data.name, task, tuple(data.class_names), **splits)
 
 
-def make_dataset(split, batch_size, shuffle_seed=None, drop_remainder=False):
-    """A `tf.data.Dataset` of `(x, y)` batches, shuffled given a seed."""
+def make_dataset(
+    split, batch_size, shuffle_seed=None, drop_remainder=False, sample_ids=False
+):
+    """A `tf.data.Dataset` of `(x, y)` batches, shuffled given a seed.
+
+    With `sample_ids=True`, `x` carries each sample's index, as
+    `keras_as_softmax.filters.SkipMaskedLastSeen` needs.
+    """
     import tensorflow as tf
+
+    from keras_as_softmax import filters
 
     x, y = split
     ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if sample_ids:
+        ds = filters.index_dataset(ds)
     if shuffle_seed is not None:
         ds = ds.shuffle(
             len(y), seed=shuffle_seed, reshuffle_each_iteration=True

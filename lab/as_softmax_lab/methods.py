@@ -12,7 +12,7 @@ import dataclasses
 import keras
 
 from keras_as_softmax import ASSpeed
-from keras_as_softmax import MaskedSampleSkipper
+from keras_as_softmax import filters
 from keras_as_softmax.losses import ASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelCategoricalCrossentropy
@@ -36,11 +36,10 @@ class Method:
         as_loss: whether it trains with the AS-Softmax loss.
         as_speed: whether the model is wrapped in `ASSpeed`.
         description: one line for tables.
-        skip_masked: `ASSpeed(skip_masked=True)`: once half of a batch is
-            masked, score each batch first and train only on the samples
-            not masked now (beyond the paper).
-        skip_stale: whether each step leaves out the samples that were
-            masked when last seen (`MaskedSampleSkipper`; beyond the paper).
+        skip_masked: with the `filters.SkipMasked` filter: score batches
+            and train only on the samples not masked now (beyond the paper).
+        skip_stale: with the `filters.SkipMaskedLastSeen` filter: leave out
+            the samples that were masked when last seen (beyond the paper).
     """
 
     name: str
@@ -139,27 +138,26 @@ def wrap_model(
     Args:
         method: a `METHODS` key or `Method`.
         model: the classifier (a `keras.Model` returning logits).
-        num_samples: the number of training samples (the skipper's table).
+        num_samples: the number of training samples (ids of
+            `SkipMaskedLastSeen`).
         lam, max_steps: `ASSpeed`'s lambda and cap `s`.
-        revisit: the `MaskedSampleSkipper`'s revisit probability.
-        seed: seeds the `MaskedSampleSkipper`.
+        revisit: `SkipMaskedLastSeen`'s revisit probability.
+        seed: seeds the revisit draws.
 
     Returns:
-        `(model, skipper)`: `model` wrapped in `ASSpeed` for the AS-Speed
-        methods (as is otherwise), and the `MaskedSampleSkipper` of the
-        `skip_stale` methods (`None` otherwise), whose `dataset` the run
-        trains on.
+        `model` wrapped in `ASSpeed` with the method's filters for the
+        AS-Speed methods, as it is otherwise.
     """
     method = get_method(method)
-    skipper = None
+    if not method.as_speed:
+        return model
+    sample_filter = []
     if method.skip_stale:
-        skipper = MaskedSampleSkipper(num_samples, revisit=revisit, seed=seed)
-    if method.as_speed:
-        model = ASSpeed(
-            model,
-            lam=lam,
-            max_steps=max_steps,
-            sample_skipper=skipper,
-            skip_masked=method.skip_masked,
+        sample_filter.append(
+            filters.SkipMaskedLastSeen(num_samples, revisit=revisit, seed=seed)
         )
-    return model, skipper
+    if method.skip_masked:
+        sample_filter.append(filters.SkipMasked())
+    return ASSpeed(
+        model, lam=lam, max_steps=max_steps, sample_filter=sample_filter
+    )

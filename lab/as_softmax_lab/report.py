@@ -99,7 +99,7 @@ def compare(results, baseline="softmax"):
         pearson = [loss_metric_correlation(r) for r in runs]
         # Share of the epoch's samples that went through the training passes.
         trained = [
-            (r.backward_fraction[-1] if r.backward_fraction else 1.0)
+            (r.trained_fraction[-1] if r.trained_fraction else 1.0)
             * r.batches_per_epoch[-1]
             / r.steps_per_epoch
             for r in runs

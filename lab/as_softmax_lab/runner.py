@@ -43,7 +43,7 @@ class _Recorder(keras.callbacks.Callback):
         self.step = 0
         self.masked_ratio, self.accum_steps = [], []
         self.evals, self.epoch_times, self.epoch_batches = [], [], []
-        self.backward_fraction = []
+        self.trained_fraction = []
         self.step_times = []  # (epoch, batch, seconds), the first step left out
         self.compile_time = 0.0
         self.train_time = 0.0  # cumulative, compile and evaluation excluded
@@ -79,8 +79,8 @@ class _Recorder(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.epoch_times.append(self._epoch_time)
-        if logs and "backward_fraction" in logs:
-            self.backward_fraction.append(float(logs["backward_fraction"]))
+        if logs and "trained_fraction" in logs:
+            self.trained_fraction.append(float(logs["trained_fraction"]))
         if not self.evals or self.evals[-1]["step"] != self.step:
             self._evaluate(epoch)
         if self.evals[-1]["epoch"] is None:
@@ -126,7 +126,7 @@ class RunResult:
         val_metric, val_loss: at the end of training.
         test_metric, test_loss: at the end of training.
         test_margins: `probability_margins` on the test set.
-        backward_fraction: per epoch, the share of drawn samples that went
+        trained_fraction: per epoch, the share of drawn samples that went
             through the training passes (the `"as_skip*"` methods).
         step_times: `(epoch, batch, seconds)` of every training step but
             the first (epochs counted from 1).
@@ -152,7 +152,7 @@ class RunResult:
     test_metric: float
     test_loss: float
     test_margins: np.ndarray = dataclasses.field(repr=False)
-    backward_fraction: list = dataclasses.field(default_factory=list)
+    trained_fraction: list = dataclasses.field(default_factory=list)
     step_times: list = dataclasses.field(default_factory=list, repr=False)
     model: object = dataclasses.field(default=None, repr=False)
 
@@ -231,10 +231,7 @@ def run(
         evals_per_epoch: validation passes per epoch (more points for the
             loss-vs-metric correlation). Defaults to `1`.
         eval_batch_size: batch size of validation/test prediction.
-        jit_compile: defaults to `True` on TensorFlow (`False` for the
-            `"as_skip*"` methods, which gather the samples to train on into
-            a batch of their own size, a graph-only shape; see `ASSpeed`),
-            `"auto"` otherwise.
+        jit_compile: defaults to `True` on TensorFlow, `"auto"` otherwise.
         verbose: 1 shows Keras's progress bar, 0 nothing.
         keep_model: keep the trained model in the result.
 
@@ -245,17 +242,14 @@ def run(
     task = data.task
     delta = DEFAULT_DELTA[task] if delta is None else delta
     if jit_compile is None:
-        skips = method.skip_masked or method.skip_stale
-        jit_compile = (
-            (not skips) if keras.backend.backend() == "tensorflow" else "auto"
-        )
+        jit_compile = keras.backend.backend() == "tensorflow" or "auto"
     keras.utils.set_random_seed(seed)
     model = build_classifier(task, data.num_classes, backbone)
     loss = make_loss(method, task, delta)
     optimizer = keras.optimizers.AdamW(
         learning_rate=learning_rate, weight_decay=weight_decay
     )
-    model, skipper = wrap_model(
+    model = wrap_model(
         method,
         model,
         num_samples=len(data.train[1]),
@@ -307,14 +301,13 @@ def run(
     # One iterator for the whole fit (reshuffled every pass): a new
     # iterator per epoch stalled the first step of an epoch by up to tens
     # of seconds here, in every method alike.
-    if skipper is not None:
-        train_ds = skipper.dataset(
-            *data.train, batch_size=batch_size, seed=seed
-        )
-    else:
-        train_ds = make_dataset(
-            data.train, batch_size, shuffle_seed=seed, drop_remainder=True
-        )
+    train_ds = make_dataset(
+        data.train,
+        batch_size,
+        shuffle_seed=seed,
+        drop_remainder=True,
+        sample_ids=method.skip_stale,
+    )
     model.fit(
         train_ds.repeat(),
         epochs=epochs,
@@ -347,7 +340,7 @@ def run(
         test_metric=task_metric(task, y_test, test_logits, data.class_names),
         test_loss=_loss_value(loss, y_test, test_logits),
         test_margins=probability_margins(task, y_test, test_logits),
-        backward_fraction=recorder.backward_fraction,
+        trained_fraction=recorder.trained_fraction,
         step_times=recorder.step_times,
         model=model if keep_model else None,
     )
