@@ -4,7 +4,8 @@ import keras
 from keras import ops
 
 from keras_as_softmax.losses import _common
-from keras_as_softmax.losses._base import MultiClassLoss
+from keras_as_softmax.losses._base import PerRowLoss
+from keras_as_softmax.losses._base import label_kwargs
 
 
 # Up to this many classes, the row max and the target logit come from one
@@ -76,14 +77,14 @@ def as_softmax_cross_entropy(
     """
     delta = _common.check_delta(delta)
     y_pred = ops.convert_to_tensor(y_pred)
-    logits, labels, is_target, valid = _common.prepare_multiclass_labels(
+    logits, labels, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, from_logits, label_mode, ignore_class
     )
     top, target = _row_max_and_target(y_pred, logits, labels, is_target, from_logits)
     delta = ops.cast(delta, logits.dtype)
 
     @ops.custom_gradient
-    def kept_cross_entropy(x):
+    def cross_entropy_within_margin(x):
         exps = ops.exp(x - top)
         total = ops.sum(exps, axis=-1, keepdims=True)
         # p_t - p_i < delta  <=>  e_i > e_t - delta * sum(e), e = exp(o - max)
@@ -103,11 +104,11 @@ def as_softmax_cross_entropy(
 
         return values, grad
 
-    return _common.zero_invalid(kept_cross_entropy(logits), valid)
+    return _common.mask_rows(cross_entropy_within_margin(logits), valid)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-class ASSoftmaxLoss(MultiClassLoss):
+class ASSoftmaxLoss(PerRowLoss):
     """Adaptive Sparse Softmax (AS-Softmax) cross entropy.
 
     A drop-in replacement for
@@ -171,8 +172,6 @@ class ASSoftmaxLoss(MultiClassLoss):
         Softmax Variant", ICLR 2023 submission / 2025 (eq. 5-7).
     """
 
-    fn = as_softmax_cross_entropy
-
     def __init__(
         self,
         delta=0.3,
@@ -184,19 +183,11 @@ class ASSoftmaxLoss(MultiClassLoss):
         dtype=None,
     ):
         super().__init__(
-            from_logits=from_logits,
-            label_mode=label_mode,
-            ignore_class=ignore_class,
+            as_softmax_cross_entropy,
             reduction=reduction,
             name=name,
             dtype=dtype,
+            delta=_common.delta_variable(delta),
+            from_logits=bool(from_logits),
+            **label_kwargs(label_mode, ignore_class),
         )
-        self.delta = _common.delta_variable(delta)
-
-    def _fn_kwargs(self):
-        return {"delta": self.delta}
-
-    def get_config(self):
-        config = super().get_config()
-        config["delta"] = float(ops.convert_to_numpy(self.delta))
-        return config
