@@ -1,5 +1,6 @@
 """The loss suite: runs on the tensorflow, jax and torch backends in CI."""
 
+import inspect
 import json
 import os
 import subprocess
@@ -412,6 +413,115 @@ def test_half_precision_labels_with_many_classes_are_refused():
         kas.ASSoftmaxLoss(dtype="float16")(labels, logits)
 
 
+EMPTY_CASES = [
+    (lambda **kw: kas.ASSoftmaxLoss(0.3, ignore_class=-1, **kw), (0,), 5),
+    (lambda **kw: kas.ASSoftmaxLoss(0.3, ignore_class=-1, **kw), (0, 3), 5),
+    (lambda **kw: kas.ASSoftmaxLoss(0.3, **kw), (0,), 300),
+    (lambda **kw: kas.SparseSoftmaxLoss(k=2, **kw), (0,), 5),
+    (lambda **kw: kas.AMSoftmaxLoss(**kw), (0, 3), 5),
+    (lambda **kw: kas.TemperatureSoftmaxLoss(**kw), (0,), 5),
+    (lambda **kw: kas.SparsemaxLoss(**kw), (0, 3), 5),
+    (lambda **kw: kas.Entmax15Loss(**kw), (0,), 5),
+    (lambda **kw: kas.MultiLabelASSoftmaxLoss(**kw), (0,), 5),
+    (lambda **kw: kas.MultiLabelCategoricalCrossentropy(**kw), (0,), 5),
+]
+
+
+@pytest.mark.parametrize("case", range(len(EMPTY_CASES)))
+def test_empty_batch_gives_empty_rows_and_zero_loss(case):
+    make, shape, num_classes = EMPTY_CASES[case]
+    logits = np.zeros(shape + (num_classes,), "float32")
+    multilabel = "MultiLabel" in type(make()).__name__
+    labels = np.zeros(logits.shape if multilabel else shape, "int32")
+    per_row = make(reduction=None)
+    assert to_numpy(per_row(labels, logits)).shape == shape
+    _, grad = value_and_grad(lambda x: per_row(labels, x), logits)
+    assert grad.shape == logits.shape
+    for reduction in ("sum_over_batch_size", "sum", "mean"):
+        loss = make(reduction=reduction)
+        got = to_numpy(loss(labels, logits))
+        assert got.shape == () and got == 0.0
+        weights = np.ones((0,), "float32")
+        got = to_numpy(loss(labels, logits, sample_weight=weights))
+        assert got.shape == () and got == 0.0
+        jit = compiled(lambda y, x, loss=loss: loss(y, x))
+        if jit is not None:
+            assert to_numpy(jit(labels, logits)) == 0.0
+
+
+@pytest.mark.parametrize("bad", [0.5, 2.0, -1.0])
+def test_multilabel_targets_outside_zero_one_are_refused(bad):
+    y = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], "float32")
+    y[1, 2] = bad
+    logits = np.zeros((2, 3), "float32")
+    for loss in (
+        kas.MultiLabelASSoftmaxLoss(),
+        kas.MultiLabelCategoricalCrossentropy(),
+        kas.multilabel_categorical_crossentropy,
+        kas.multilabel_as_softmax_cross_entropy,
+    ):
+        with pytest.raises(ValueError, match=rf"multi-hot.*other than 0 and 1.*\[{bad}\]"):
+            loss(y, logits)
+    # Under tracing the values are unknown: no check, no error.
+    loss = kas.MultiLabelASSoftmaxLoss()
+    jit = compiled(lambda a, b: loss(a, b))
+    if jit is not None:
+        jit(y, logits)
+
+
+@pytest.mark.parametrize("bad", [-0.2, 1.5])
+def test_from_logits_false_refuses_non_probabilities(bad):
+    labels, logits = random_case((4,), 3)
+    probs = to_numpy(ops.softmax(logits))
+    probs[1, 2] = bad
+    for make in (
+        kas.ASSoftmaxLoss,
+        kas.SparseSoftmaxLoss,
+        kas.AMSoftmaxLoss,
+        kas.TemperatureSoftmaxLoss,
+    ):
+        loss = make(from_logits=False) if make is not kas.SparseSoftmaxLoss else (
+            make(k=2, from_logits=False)
+        )
+        with pytest.raises(ValueError, match=rf"probabilities.*\[{bad}\]"):
+            loss(labels, probs)
+    with pytest.raises(ValueError, match="from_logits=False"):
+        kas.as_softmax_cross_entropy(labels, probs, from_logits=False)
+    probs[1, 2] = 1.0  # the bounds themselves are probabilities
+    kas.ASSoftmaxLoss(from_logits=False)(labels, probs)
+
+
+def test_non_integral_float_labels_are_refused():
+    labels, logits = random_case((4,), 5)
+    floats = labels.astype("float32")
+    expected = to_numpy(kas.ASSoftmaxLoss(reduction=None)(labels, logits))
+    # Keras casts labels to the loss dtype: integral floats are labels.
+    got = to_numpy(kas.ASSoftmaxLoss(reduction=None)(floats, logits))
+    np.testing.assert_array_equal(got, expected)
+    floats[2] = 0.5
+    for loss in (kas.ASSoftmaxLoss(), kas.SparsemaxLoss(ignore_class=-1)):
+        with pytest.raises(ValueError, match=r"integer labels.*\[0.5\]"):
+            loss(floats, logits)
+    with pytest.raises(ValueError, match="integer labels"):
+        kas.as_softmax_cross_entropy(floats, logits)
+
+
+def test_masked_rows_reads_the_mask_of_any_keras_loss():
+    labels = np.array([[0, 1, -1]])
+    logits = np.array([[[9.0, 0.0], [0.0, 0.1], [9.0, 0.0]]], "float32")
+    for loss in (
+        kas.ASSoftmaxLoss(0.3, ignore_class=-1),
+        keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=-1
+        ),
+    ):
+        masked, counted = kas.masked_rows(loss, labels, logits)
+        np.testing.assert_array_equal(to_numpy(counted), [[True, True, False]])
+    np.testing.assert_array_equal(to_numpy(masked), [[False, False, False]])
+    masked, _ = kas.masked_rows(kas.ASSoftmaxLoss(0.3, ignore_class=-1), labels, logits)
+    np.testing.assert_array_equal(to_numpy(masked), [[True, False, False]])
+
+
 # ------------------------------------------------------------ serialization
 
 ALL_LOSSES = [
@@ -434,6 +544,12 @@ def test_config_round_trip(loss):
     assert clone.get_config() == config
     restored = keras.losses.deserialize(keras.losses.serialize(loss))
     assert type(restored) is type(loss) and restored.get_config() == config
+
+
+@pytest.mark.parametrize("loss", ALL_LOSSES, ids=lambda loss: type(loss).__name__)
+def test_config_lists_exactly_the_constructor_arguments(loss):
+    params = inspect.signature(type(loss).__init__).parameters
+    assert set(loss.get_config()) == set(params) - {"self"}
 
 
 def test_masked_ratio_metric_counts_only_counted_rows():

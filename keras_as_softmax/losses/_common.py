@@ -141,22 +141,28 @@ def check_same_shape(y_true, y_pred, what):
 
 
 def _examples(values, bad):
-    """Up to five offending values, for an error message."""
-    return ops.convert_to_numpy(values)[ops.convert_to_numpy(bad)][:5].tolist()
+    """Up to five offending values, for an error message: `[0.5, 2.0]`."""
+    found = ops.convert_to_numpy(values)[ops.convert_to_numpy(bad)][:5]
+    return "[" + ", ".join(str(value) for value in found) + "]"
 
 
 def _any(bad):
     return bool(ops.convert_to_numpy(ops.any(bad)))
 
 
-def check_values(values, bad, message):
-    """Raises `ValueError(message + examples)` when any of `bad` is true.
+def check_values(values, bad, expected, received):
+    """Raises a `ValueError` when any of `bad` is true.
 
-    Only on concrete values: while tracing a graph the check is skipped,
-    and it moves one boolean to the host unless something is wrong.
+    The message reads "Expected {expected}. Received: {received}, e.g."
+    followed by up to five of the `values` where `bad` is true. Only on
+    concrete values: while tracing a graph the check is skipped. It moves
+    one boolean to the host unless something is wrong.
     """
     if is_concrete(values) and _any(bad):
-        raise ValueError(f"{message} Received: {_examples(values, bad)}")
+        raise ValueError(
+            f"Expected {expected}. Received: {received}, "
+            f"e.g. {_examples(values, bad)}"
+        )
 
 
 def _check_label_range(labels, num_classes, ignore_class):
@@ -167,9 +173,9 @@ def _check_label_range(labels, num_classes, ignore_class):
     check_values(
         labels,
         bad,
-        f"Expected integer labels in [0, {num_classes - 1}] "
-        f"(num_classes={num_classes}{ignored}). "
-        "Received labels outside that range, e.g.",
+        f"integer labels in [0, {num_classes - 1}] "
+        f"(num_classes={num_classes}{ignored})",
+        "labels outside that range",
     )
 
 
@@ -182,9 +188,9 @@ def check_probabilities(y_pred):
                 ops.greater_equal(y_pred, 0.0), ops.less_equal(y_pred, 1.0)
             )
         ),
-        "Expected probabilities in [0, 1] in `y_pred` with "
-        "`from_logits=False` (pass `from_logits=True` for logits). "
-        "Received values outside [0, 1], e.g.",
+        "probabilities in [0, 1] in `y_pred` with `from_logits=False` "
+        "(pass `from_logits=True` for logits)",
+        "values outside [0, 1]",
     )
 
 
@@ -217,9 +223,9 @@ def _int_labels(y_true, y_pred, ignore_class):
         check_values(
             y_true,
             ops.not_equal(y_true, ops.round(y_true)),
-            "Expected integer labels with `label_mode='int'` (for one-hot "
-            "or soft labels use `label_mode='categorical'`). Received "
-            "non-integral labels, e.g.",
+            "integer labels with `label_mode='int'` (for one-hot labels "
+            "use `label_mode='categorical'`)",
+            "non-integral labels",
         )
     labels = ops.cast(y_true, "int32")
     if num_classes is not None:

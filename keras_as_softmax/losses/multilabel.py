@@ -16,8 +16,8 @@ def _prepare_multilabel(y_true, y_pred):
     _common.check_values(
         y_true,
         ops.logical_and(ops.not_equal(y_true, 0), ops.not_equal(y_true, 1)),
-        "Expected multi-hot labels: 1 for the positive classes, 0 for the "
-        "others. Received other values, e.g.",
+        "multi-hot labels (1 for a positive class, 0 for a negative one)",
+        "values other than 0 and 1",
     )
     logits = _common.to_logits(y_pred, from_logits=True)
     positive = ops.greater(ops.cast(y_true, logits.dtype), 0.5)
