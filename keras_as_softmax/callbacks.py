@@ -60,7 +60,9 @@ class DeltaWarmup(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, warmup_ratio=0.15, warmup_delta=1.0, total_steps=None, losses=None):
+    def __init__(
+        self, warmup_ratio=0.15, warmup_delta=1.0, total_steps=None, losses=None
+    ):
         super().__init__()
         self.warmup_ratio = check_fraction(warmup_ratio, "warmup_ratio")
         self.warmup_delta = check_fraction(warmup_delta, "warmup_delta")
@@ -92,7 +94,9 @@ class DeltaWarmup(keras.callbacks.Callback):
                 )
             total = steps * epochs
         self._switch_step = int(round(self.warmup_ratio * total))
-        self._targets = [float(keras.ops.convert_to_numpy(v)) for v in self._variables]
+        self._targets = [
+            float(keras.ops.convert_to_numpy(v)) for v in self._variables
+        ]
         self._step = 0
         self._warm = self._switch_step > 0
         if self._warm:
@@ -115,7 +119,7 @@ class DeltaWarmup(keras.callbacks.Callback):
             self.model.make_train_function(force=True)
 
     def _assign(self, values):
-        for variable, value in zip(self._variables, values):
+        for variable, value in zip(self._variables, values, strict=True):
             variable.assign(value)
 
     def get_config(self):

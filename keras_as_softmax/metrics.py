@@ -76,8 +76,10 @@ class MaskedRatio(keras.metrics.Metric):
 
     >>> import numpy as np
     >>> import keras_as_softmax
-    >>> metric = keras_as_softmax.MaskedRatio(keras_as_softmax.ASSoftmaxLoss(0.3))
-    >>> metric.update_state(np.array([0, 1]), np.array([[5.0, 0.0], [0.0, 0.1]]))
+    >>> loss = keras_as_softmax.ASSoftmaxLoss(0.3)
+    >>> metric = keras_as_softmax.MaskedRatio(loss)
+    >>> logits = np.array([[5.0, 0.0], [0.0, 0.1]])
+    >>> metric.update_state(np.array([0, 1]), logits)
     >>> float(metric.result())
     0.5
 
@@ -101,11 +103,17 @@ class MaskedRatio(keras.metrics.Metric):
                 f"keras_as_softmax.ASSoftmaxLoss. Received: loss={loss!r}"
             )
         self.loss = loss
-        self.masked = self.add_variable(shape=(), initializer="zeros", name="masked")
-        self.counted = self.add_variable(shape=(), initializer="zeros", name="counted")
+        self.masked = self.add_variable(
+            shape=(), initializer="zeros", name="masked"
+        )
+        self.counted = self.add_variable(
+            shape=(), initializer="zeros", name="counted"
+        )
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        self.update_counts(*count_masked_rows(self.loss, y_true, y_pred, sample_weight))
+        self.update_counts(
+            *count_masked_rows(self.loss, y_true, y_pred, sample_weight)
+        )
 
     def update_counts(self, masked, counted):
         """Adds rows counted elsewhere (as `keras_as_softmax.ASSpeed` does)."""

@@ -101,7 +101,7 @@ def no_rows(y_pred):
 
 def _shapes_match(a, b):
     return len(a) == len(b) and all(
-        x is None or y is None or x == y for x, y in zip(a, b)
+        x is None or y is None or x == y for x, y in zip(a, b, strict=True)
     )
 
 
@@ -166,7 +166,9 @@ def check_values(values, bad, expected, received):
 
 
 def _check_label_range(labels, num_classes, ignore_class):
-    bad = ops.logical_or(ops.less(labels, 0), ops.greater_equal(labels, num_classes))
+    bad = ops.logical_or(
+        ops.less(labels, 0), ops.greater_equal(labels, num_classes)
+    )
     if ignore_class is not None:
         bad = ops.logical_and(bad, ops.not_equal(labels, ignore_class))
     ignored = "" if ignore_class is None else f", ignore_class={ignore_class}"

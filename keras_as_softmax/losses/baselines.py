@@ -50,6 +50,19 @@ def sparse_softmax_cross_entropy(
 
     Returns:
         Loss values of shape `[...]`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> values = keras_as_softmax.sparse_softmax_cross_entropy(
+    ...     np.array([2]), np.array([[3.0, 2.0, 1.0]]), k=2
+    ... )
+    >>> [round(float(v), 4) for v in values]
+    [2.4076]
+
+    Reference:
+        Sun et al., "Sparsing and Smoothing for the seq2seq Models", 2021.
     """
     k = _validation.check_int(k, "k")
     logits, _, is_target, valid = _common.prepare_multiclass(
@@ -88,6 +101,19 @@ def am_softmax_cross_entropy(
 
     Returns:
         Loss values of shape `[...]`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> values = keras_as_softmax.am_softmax_cross_entropy(
+    ...     np.array([0]), np.array([[1.0, 0.0]]), scale=2.0, margin=0.5
+    ... )
+    >>> [round(float(v), 4) for v in values]
+    [0.3133]
+
+    Reference:
+        Wang et al., "Additive Margin Softmax for Face Verification", 2018.
     """
     logits, _, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, from_logits, label_mode, ignore_class
@@ -115,6 +141,16 @@ def temperature_softmax_cross_entropy(
 
     Returns:
         Loss values of shape `[...]`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> values = keras_as_softmax.temperature_softmax_cross_entropy(
+    ...     np.array([0]), np.array([[2.0, 0.0]]), temperature=2.0
+    ... )
+    >>> [round(float(v), 4) for v in values]
+    [0.3133]
     """
     logits, _, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, from_logits, label_mode, ignore_class
@@ -163,7 +199,9 @@ def entmax15(logits):
     spread = rank * (mean_sq - ops.square(mean))
     tau_all = mean - ops.sqrt(ops.maximum((1.0 - spread) / rank, 0.0))
     size = ops.sum(
-        ops.cast(ops.less_equal(tau_all, z_sorted), "int32"), axis=-1, keepdims=True
+        ops.cast(ops.less_equal(tau_all, z_sorted), "int32"),
+        axis=-1,
+        keepdims=True,
     )
     tau = ops.expand_dims(_gather_last(tau_all, size - 1), -1)
     return ops.square(ops.maximum(z - tau, 0.0))
@@ -190,7 +228,9 @@ def _tsallis_loss(logits, is_target, probs, alpha):
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-def sparsemax_loss(y_true, y_pred, from_logits=True, label_mode="int", ignore_class=None):
+def sparsemax_loss(
+    y_true, y_pred, from_logits=True, label_mode="int", ignore_class=None
+):
     """Per-sample Sparsemax loss (Martins & Astudillo, 2016).
 
     Formula:
@@ -207,6 +247,18 @@ def sparsemax_loss(y_true, y_pred, from_logits=True, label_mode="int", ignore_cl
 
     Returns:
         Loss values of shape `[...]`, zero once `p` is the one-hot target.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> logits = np.array([[3.0, 0.0, 0.0], [1.0, 0.5, 0.0]])
+    >>> values = keras_as_softmax.sparsemax_loss(np.array([0, 1]), logits)
+    >>> [round(float(v), 4) for v in values]
+    [0.0, 0.5625]
+
+    Reference:
+        Martins & Astudillo, "From Softmax to Sparsemax", ICML 2016.
     """
     _check_logits_only(from_logits, "sparsemax_loss")
     logits, _, is_target, valid = _common.prepare_multiclass(
@@ -217,7 +269,9 @@ def sparsemax_loss(y_true, y_pred, from_logits=True, label_mode="int", ignore_cl
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-def entmax15_loss(y_true, y_pred, from_logits=True, label_mode="int", ignore_class=None):
+def entmax15_loss(
+    y_true, y_pred, from_logits=True, label_mode="int", ignore_class=None
+):
     """Per-sample 1.5-Entmax loss (Peters et al., 2019).
 
     Formula:
@@ -234,6 +288,19 @@ def entmax15_loss(y_true, y_pred, from_logits=True, label_mode="int", ignore_cla
 
     Returns:
         Loss values of shape `[...]`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> logits = np.array([[5.0, 0.0, 0.0], [1.0, 0.5, 0.0]])
+    >>> values = keras_as_softmax.entmax15_loss(np.array([0, 1]), logits)
+    >>> [round(float(v), 4) for v in values]
+    [0.0, 0.7033]
+
+    Reference:
+        Peters, Niculae & Martins, "Sparse Sequence-to-Sequence Models",
+        ACL 2019.
     """
     _check_logits_only(from_logits, "entmax15_loss")
     logits, _, is_target, valid = _common.prepare_multiclass(
@@ -273,13 +340,13 @@ class SparseSoftmaxLoss(PerRowLoss):
     >>> import numpy as np
     >>> import keras_as_softmax
     >>> loss = keras_as_softmax.SparseSoftmaxLoss(k=2, reduction=None)
-    >>> [round(float(v), 4) for v in loss(np.array([2]), np.array([[3.0, 2.0, 1.0]]))]
+    >>> logits = np.array([[3.0, 2.0, 1.0]])
+    >>> [round(float(v), 4) for v in loss(np.array([2]), logits)]
     [2.4076]
 
     Reference:
         Sun et al., "Sparsing and Smoothing for the seq2seq Models", 2021.
     """
-
 
     def __init__(
         self,
@@ -341,7 +408,6 @@ class AMSoftmaxLoss(PerRowLoss):
         Wang et al., "Additive Margin Softmax for Face Verification", 2018.
     """
 
-
     def __init__(
         self,
         scale=10.0,
@@ -396,7 +462,6 @@ class TemperatureSoftmaxLoss(PerRowLoss):
     >>> round(float(loss(np.array([0]), np.array([[2.0, 0.0]]))), 4)
     0.3133
     """
-
 
     def __init__(
         self,
@@ -453,7 +518,6 @@ class SparsemaxLoss(PerRowLoss):
         Martins & Astudillo, "From Softmax to Sparsemax", ICML 2016.
     """
 
-
     def __init__(
         self,
         label_mode="int",
@@ -502,7 +566,6 @@ class Entmax15Loss(PerRowLoss):
         Peters, Niculae & Martins, "Sparse Sequence-to-Sequence Models",
         ACL 2019.
     """
-
 
     def __init__(
         self,

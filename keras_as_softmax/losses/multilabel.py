@@ -153,7 +153,9 @@ class MultiLabelCategoricalCrossentropy(PerRowLoss):
 
     >>> import numpy as np
     >>> import keras_as_softmax
-    >>> loss = keras_as_softmax.MultiLabelCategoricalCrossentropy(reduction=None)
+    >>> loss = keras_as_softmax.MultiLabelCategoricalCrossentropy(
+    ...     reduction=None
+    ... )
     >>> y = np.array([[1.0, 0.0, 1.0]])
     >>> [round(float(v), 4) for v in loss(y, np.array([[5.0, -5.0, 5.0]]))]
     [0.0201]
