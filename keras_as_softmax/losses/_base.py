@@ -1,7 +1,6 @@
 """The base class of every loss of this package."""
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_as_softmax.losses import _common
@@ -64,10 +63,14 @@ class PerRowLoss(keras.losses.Loss):
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         if sample_weight is not None:
-            row_rank = np.ndim(y_pred) - 1
+            # `[batch]` weights weight every row of a sample. A new tensor of
+            # the rows' shape: Keras multiplies the mask into it in place on
+            # torch.
             sample_weight = ops.convert_to_tensor(sample_weight)
-            while len(sample_weight.shape) < row_rank:
+            rows = ops.shape(y_pred)[:-1]
+            while len(sample_weight.shape) < len(rows):
                 sample_weight = ops.expand_dims(sample_weight, -1)
+            sample_weight = sample_weight * ops.ones(rows, sample_weight.dtype)
         loss = super().__call__(y_true, y_pred, sample_weight)
         if self.reduction not in (None, "none") and len(loss.shape):
             # Keras returns the values of a `[0]` batch unreduced.
