@@ -2,6 +2,9 @@
 
 import keras
 
+from keras_as_softmax._validation import check_fraction
+from keras_as_softmax._validation import check_int
+
 
 def find_delta_variables(objects):
     """The `delta` variables of the losses and metrics among `objects`."""
@@ -57,20 +60,14 @@ class DeltaWarmup(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, warmup_ratio=0.15, warmup_delta=1.0, total_steps=None, losses=None):
+    def __init__(
+        self, warmup_ratio=0.15, warmup_delta=1.0, total_steps=None, losses=None
+    ):
         super().__init__()
-        if not 0.0 <= float(warmup_ratio) <= 1.0:
-            raise ValueError(
-                "Expected `warmup_ratio` in [0, 1]. "
-                f"Received: warmup_ratio={warmup_ratio!r}"
-            )
-        if not 0.0 <= float(warmup_delta) <= 1.0:
-            raise ValueError(
-                "Expected `warmup_delta` in [0, 1]. "
-                f"Received: warmup_delta={warmup_delta!r}"
-            )
-        self.warmup_ratio = float(warmup_ratio)
-        self.warmup_delta = float(warmup_delta)
+        self.warmup_ratio = check_fraction(warmup_ratio, "warmup_ratio")
+        self.warmup_delta = check_fraction(warmup_delta, "warmup_delta")
+        if total_steps is not None:
+            total_steps = check_int(total_steps, "total_steps")
         self.total_steps = total_steps
         self.losses = losses
         self._variables = []
@@ -97,7 +94,9 @@ class DeltaWarmup(keras.callbacks.Callback):
                 )
             total = steps * epochs
         self._switch_step = int(round(self.warmup_ratio * total))
-        self._targets = [float(keras.ops.convert_to_numpy(v)) for v in self._variables]
+        self._targets = [
+            float(keras.ops.convert_to_numpy(v)) for v in self._variables
+        ]
         self._step = 0
         self._warm = self._switch_step > 0
         if self._warm:
@@ -120,7 +119,7 @@ class DeltaWarmup(keras.callbacks.Callback):
             self.model.make_train_function(force=True)
 
     def _assign(self, values):
-        for variable, value in zip(self._variables, values):
+        for variable, value in zip(self._variables, values, strict=True):
             variable.assign(value)
 
     def get_config(self):

@@ -3,13 +3,17 @@
 import keras
 from keras import ops
 
+from keras_as_softmax.losses._common import row_mask
+
 
 def masked_rows(loss, y_true, y_pred, sample_weight=None):
     """Which rows a loss masks, and which rows count.
 
     A row (a sample, or a token) is *masked* when its loss is exactly 0.0.
-    Rows labelled with the loss's `ignore_class` and rows whose sample weight
-    is 0 are not counted at all, so padding never inflates the ratio.
+    Rows that the loss leaves out of its mean (the Keras mask on its
+    per-row values, such as the rows labelled with `ignore_class`, and any
+    mask on `y_pred`) and rows whose sample weight is 0 are not counted at
+    all, so padding never inflates the ratio.
 
     Args:
         loss: a `keras.losses.Loss` whose `call` returns per-row values,
@@ -21,14 +25,15 @@ def masked_rows(loss, y_true, y_pred, sample_weight=None):
     Returns:
         `(masked, counted)`: bool tensors with one value per row.
     """
+    output_mask = row_mask(y_pred)
     y_true = ops.convert_to_tensor(y_true, dtype=loss.dtype)
     y_pred = ops.convert_to_tensor(y_pred, dtype=loss.dtype)
-    values = ops.stop_gradient(loss.call(y_true, y_pred))
+    values = loss.call(y_true, y_pred)
     counted = ops.ones_like(values, dtype="bool")
-    ignore_class = getattr(loss, "ignore_class", None)
-    if ignore_class is not None:
-        labels = ops.reshape(ops.cast(y_true, "int32"), ops.shape(values))
-        counted = ops.not_equal(labels, ignore_class)
+    for mask in (row_mask(values), output_mask):
+        if mask is not None:
+            counted = ops.logical_and(counted, ops.cast(mask, "bool"))
+    values = ops.stop_gradient(values)
     if sample_weight is not None:
         sample_weight = ops.convert_to_tensor(sample_weight)
         while len(sample_weight.shape) > len(values.shape):
@@ -71,8 +76,10 @@ class MaskedRatio(keras.metrics.Metric):
 
     >>> import numpy as np
     >>> import keras_as_softmax
-    >>> metric = keras_as_softmax.MaskedRatio(keras_as_softmax.ASSoftmaxLoss(0.3))
-    >>> metric.update_state(np.array([0, 1]), np.array([[5.0, 0.0], [0.0, 0.1]]))
+    >>> loss = keras_as_softmax.ASSoftmaxLoss(0.3)
+    >>> metric = keras_as_softmax.MaskedRatio(loss)
+    >>> logits = np.array([[5.0, 0.0], [0.0, 0.1]])
+    >>> metric.update_state(np.array([0, 1]), logits)
     >>> float(metric.result())
     0.5
 
@@ -96,11 +103,17 @@ class MaskedRatio(keras.metrics.Metric):
                 f"keras_as_softmax.ASSoftmaxLoss. Received: loss={loss!r}"
             )
         self.loss = loss
-        self.masked = self.add_variable(shape=(), initializer="zeros", name="masked")
-        self.counted = self.add_variable(shape=(), initializer="zeros", name="counted")
+        self.masked = self.add_variable(
+            shape=(), initializer="zeros", name="masked"
+        )
+        self.counted = self.add_variable(
+            shape=(), initializer="zeros", name="counted"
+        )
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        self.update_counts(*count_masked_rows(self.loss, y_true, y_pred, sample_weight))
+        self.update_counts(
+            *count_masked_rows(self.loss, y_true, y_pred, sample_weight)
+        )
 
     def update_counts(self, masked, counted):
         """Adds rows counted elsewhere (as `keras_as_softmax.ASSpeed` does)."""

@@ -1,5 +1,6 @@
 """The loss suite: runs on the tensorflow, jax and torch backends in CI."""
 
+import inspect
 import json
 import os
 import subprocess
@@ -8,13 +9,17 @@ import sys
 import keras
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 from keras import ops
 
 import keras_as_softmax as kas
 from tests import reference
-from tests.backend_utils import BACKEND, compiled, to_numpy, value_and_grad
+from tests.backend_utils import BACKEND
+from tests.backend_utils import compiled
+from tests.backend_utils import to_numpy
+from tests.backend_utils import value_and_grad
 
 pytestmark = pytest.mark.multibackend
 
@@ -23,7 +28,9 @@ RNG = np.random.default_rng(1234)
 
 def random_case(shape, num_classes, scale=3.0, ignore_class=None, seed=0):
     rng = np.random.default_rng(seed)
-    logits = (scale * rng.standard_normal(shape + (num_classes,))).astype("float32")
+    logits = (scale * rng.standard_normal(shape + (num_classes,))).astype(
+        "float32"
+    )
     labels = rng.integers(0, num_classes, size=shape).astype("int32")
     if ignore_class is not None:
         labels[rng.random(shape) < 0.3] = ignore_class
@@ -70,7 +77,9 @@ def test_multiclass_matches_numpy_reference(name, shape, num_classes):
     make, ref = MULTICLASS[name]
     labels, logits = random_case(shape, num_classes, seed=num_classes)
     got = to_numpy(make(reduction=None)(labels, logits))
-    np.testing.assert_allclose(got, ref(labels, logits, None), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(
+        got, ref(labels, logits, None), rtol=2e-5, atol=2e-5
+    )
 
 
 @pytest.mark.parametrize("name", sorted(MULTICLASS))
@@ -84,12 +93,15 @@ def test_multiclass_ignore_class_and_sample_weight(name):
     np.testing.assert_allclose(per_row, expected_rows, rtol=2e-5, atol=2e-5)
     assert np.all(per_row[labels == -100] == 0.0)
 
-    # Mean over non-ignored positions, each sample's tokens weighted by its weight.
+    # Mean over non-ignored positions, each sample's tokens weighted by its
+    # weight.
     valid = labels != -100
     expected = (expected_rows * weights[:, None]).sum() / valid.sum()
     got = make(ignore_class=-100)(labels, logits, sample_weight=weights)
     np.testing.assert_allclose(to_numpy(got), expected, rtol=2e-5)
-    total = make(ignore_class=-100, reduction="sum")(labels, logits, sample_weight=weights)
+    total = make(ignore_class=-100, reduction="sum")(
+        labels, logits, sample_weight=weights
+    )
     np.testing.assert_allclose(
         to_numpy(total), (expected_rows * weights[:, None]).sum(), rtol=2e-5
     )
@@ -98,9 +110,9 @@ def test_multiclass_ignore_class_and_sample_weight(name):
 def test_ignore_class_mean_matches_keras_sparse_cross_entropy():
     labels, logits = random_case((5, 8), 7, ignore_class=-1, seed=11)
     ours = kas.ASSoftmaxLoss(delta=1.0, ignore_class=-1)(labels, logits)
-    theirs = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)(
-        labels, logits
-    )
+    theirs = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, ignore_class=-1
+    )(labels, logits)
     np.testing.assert_allclose(to_numpy(ours), to_numpy(theirs), rtol=1e-5)
 
 
@@ -108,15 +120,21 @@ def test_ignore_class_mean_matches_keras_sparse_cross_entropy():
 def test_delta_one_equals_keras_cross_entropy(shape):
     labels, logits = random_case(shape, 11, scale=5.0, seed=7)
     ours = kas.ASSoftmaxLoss(delta=1.0, reduction=None)(labels, logits)
-    theirs = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)(
-        labels, logits
+    theirs = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=None
+    )(labels, logits)
+    np.testing.assert_allclose(
+        to_numpy(ours), to_numpy(theirs), rtol=1e-5, atol=1e-6
     )
-    np.testing.assert_allclose(to_numpy(ours), to_numpy(theirs), rtol=1e-5, atol=1e-6)
     weights = np.linspace(0.5, 2.0, shape[0]).astype("float32")
     ours = kas.ASSoftmaxLoss(delta=1.0)(labels, logits, sample_weight=weights)
     # Keras wants the weights broadcast to the label shape; ours take [batch].
     theirs = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
-        labels, logits, sample_weight=np.broadcast_to(weights.reshape((-1,) + (1,) * (len(shape) - 1)), shape)
+        labels,
+        logits,
+        sample_weight=np.broadcast_to(
+            weights.reshape((-1,) + (1,) * (len(shape) - 1)), shape
+        ),
     )
     np.testing.assert_allclose(to_numpy(ours), to_numpy(theirs), rtol=1e-5)
 
@@ -127,17 +145,28 @@ def test_probabilities_and_one_hot_labels():
     probs = to_numpy(ops.softmax(logits))
     onehot = np.eye(6, dtype="float32")[labels]
     for loss, y, x in [
-        (kas.ASSoftmaxLoss(0.2, reduction=None, from_logits=False), labels, probs),
-        (kas.ASSoftmaxLoss(0.2, reduction=None, label_mode="categorical"), onehot, logits),
+        (
+            kas.ASSoftmaxLoss(0.2, reduction=None, from_logits=False),
+            labels,
+            probs,
+        ),
+        (
+            kas.ASSoftmaxLoss(0.2, reduction=None, label_mode="categorical"),
+            onehot,
+            logits,
+        ),
         (kas.ASSoftmaxLoss(0.2, reduction=None), labels[:, None], logits),
     ]:
-        np.testing.assert_allclose(to_numpy(loss(y, x)), expected, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            to_numpy(loss(y, x)), expected, rtol=1e-4, atol=1e-5
+        )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_easy_rows_have_exactly_zero_loss_and_gradient(dtype):
     logits = np.array(
-        [[9.0, 0.0, 1.0, -2.0], [0.0, 6.0, 0.0, 0.0], [1.0, 1.1, 0.9, 0.0]], dtype
+        [[9.0, 0.0, 1.0, -2.0], [0.0, 6.0, 0.0, 0.0], [1.0, 1.1, 0.9, 0.0]],
+        dtype,
     )
     labels = np.array([0, 1, 1])
     values, grad = value_and_grad(
@@ -150,19 +179,26 @@ def test_easy_rows_have_exactly_zero_loss_and_gradient(dtype):
 
 def test_multilabel_masked_row_is_exactly_zero():
     y = np.array([[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    logits = np.array([[8.0, -9.0, 8.0, -9.0], [0.5, 0.0, -1.0, 0.2]], "float64")
+    logits = np.array(
+        [[8.0, -9.0, 8.0, -9.0], [0.5, 0.0, -1.0, 0.2]], "float64"
+    )
     values, grad = value_and_grad(
-        lambda x: kas.multilabel_as_softmax_cross_entropy(y, x, delta=0.3), logits
+        lambda x: kas.multilabel_as_softmax_cross_entropy(y, x, delta=0.3),
+        logits,
     )
     assert values[0] == 0.0 and np.all(grad[0] == 0.0)
     # No positives: nothing may be dropped, so the unmasked loss applies.
     np.testing.assert_allclose(values[1], reference.multilabel(y, logits)[1])
 
 
-@pytest.mark.parametrize("num_classes", [7, 300])  # both row layouts (<= 256 and past it)
+@pytest.mark.parametrize(
+    "num_classes", [7, 300]
+)  # both row layouts (<= 256 and past it)
 @pytest.mark.parametrize("shape", [(5,), (2, 3)])
 def test_gradient_matches_analytic_for_any_row_count(num_classes, shape):
-    labels, logits = random_case(shape, num_classes, scale=1.0, seed=num_classes)
+    labels, logits = random_case(
+        shape, num_classes, scale=1.0, seed=num_classes
+    )
     logits = logits.astype("float64")
     _, grad = value_and_grad(
         lambda x: kas.as_softmax_cross_entropy(labels, x, delta=0.02), logits
@@ -182,7 +218,10 @@ def test_gradient_matches_analytic_and_finite_differences(delta):
     )
     assert values.dtype == np.float64
     np.testing.assert_allclose(
-        grad, reference.as_softmax_grad(labels, logits, delta), rtol=1e-9, atol=1e-12
+        grad,
+        reference.as_softmax_grad(labels, logits, delta),
+        rtol=1e-9,
+        atol=1e-12,
     )
     eps = 1e-6
     numeric = np.zeros_like(logits)
@@ -235,7 +274,11 @@ def test_other_losses_finite_difference_gradients(name):
     values, grad = value_and_grad(lambda x: fn(y, x), logits)
     # keras.ops.cumsum on torch returns float32 for float64 input (Keras
     # 3.15), which limits the sort-based losses to float32 accuracy there.
-    rtol = 1e-5 if BACKEND == "torch" and name in ("sparsemax", "entmax15") else 1e-7
+    rtol = (
+        1e-5
+        if BACKEND == "torch" and name in ("sparsemax", "entmax15")
+        else 1e-7
+    )
     np.testing.assert_allclose(values, ref(y, logits), rtol=rtol, atol=1e-9)
     eps = 1e-6
     numeric = np.zeros_like(logits)
@@ -257,7 +300,10 @@ def test_multilabel_matches_numpy_reference(shape, num_classes, delta):
     y.reshape(-1, num_classes)[1] = 1.0  # a row without negatives
     got = kas.MultiLabelASSoftmaxLoss(delta, reduction=None)(y, logits)
     np.testing.assert_allclose(
-        to_numpy(got), reference.multilabel(y, logits, delta), rtol=2e-5, atol=2e-5
+        to_numpy(got),
+        reference.multilabel(y, logits, delta),
+        rtol=2e-5,
+        atol=2e-5,
     )
     got = kas.MultiLabelCategoricalCrossentropy(reduction=None)(y, logits)
     np.testing.assert_allclose(
@@ -287,7 +333,11 @@ def test_multilabel_is_stable_for_huge_logits():
 )
 def test_compiled_equals_eager(loss):
     labels, logits = random_case((8, 5), 12, ignore_class=-1, seed=2)
-    labels = np.where(labels == -1, 0, labels) if loss.ignore_class is None else labels
+    labels = (
+        np.where(labels == -1, 0, labels)
+        if loss.ignore_class is None
+        else labels
+    )
     jit = compiled(lambda y, x: loss(y, x))
     if jit is None:
         pytest.skip(f"no XLA compilation on the {BACKEND} backend")
@@ -298,14 +348,18 @@ def test_compiled_equals_eager(loss):
 
 def test_delta_variable_changes_compiled_value_on_tensorflow():
     if BACKEND != "tensorflow":
-        pytest.skip("JAX and torch are covered by the DeltaWarmup training test")
+        pytest.skip(
+            "JAX and torch are covered by the DeltaWarmup training test"
+        )
     loss = kas.ASSoftmaxLoss(delta=1.0, reduction=None)
     labels, logits = random_case((32,), 4, scale=4.0, seed=9)
     jit = compiled(lambda y, x: loss(y, x))
     before = to_numpy(jit(labels, logits))
     loss.delta.assign(0.1)
     after = to_numpy(jit(labels, logits))
-    np.testing.assert_allclose(after, reference.as_softmax(labels, logits, 0.1), rtol=1e-5)
+    np.testing.assert_allclose(
+        after, reference.as_softmax(labels, logits, 0.1), rtol=1e-5
+    )
     assert np.sum(after == 0) > np.sum(before == 0)
 
 
@@ -317,7 +371,9 @@ finite_or_inf = st.one_of(
 
 @settings(max_examples=40, deadline=None)
 @given(
-    logits=st.lists(st.lists(finite_or_inf, min_size=5, max_size=5), min_size=1, max_size=4),
+    logits=st.lists(
+        st.lists(finite_or_inf, min_size=5, max_size=5), min_size=1, max_size=4
+    ),
     dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
     delta=st.sampled_from([0.0, 0.3, 1.0]),
     seed=st.integers(0, 1000),
@@ -326,7 +382,8 @@ def test_extreme_logits_never_give_nan_or_inf(logits, dtype, delta, seed):
     logits = np.array(logits, "float32")
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, 5, size=len(logits))
-    # A target at -inf has an infinite cross entropy by definition; keep it finite.
+    # A target at -inf has an infinite cross entropy by definition; keep it
+    # finite.
     logits[np.arange(len(logits)), labels] = np.nan_to_num(
         logits[np.arange(len(logits)), labels], neginf=-1e4
     )
@@ -353,7 +410,9 @@ def test_half_precision_logits_compute_in_float32():
     for dtype in ("float16", "bfloat16"):
         x = ops.cast(logits, dtype)
         got = to_numpy(kas.ASSoftmaxLoss(0.3, reduction=None)(labels, x))
-        ref = reference.as_softmax(labels, to_numpy(ops.cast(x, "float32")), 0.3)
+        ref = reference.as_softmax(
+            labels, to_numpy(ops.cast(x, "float32")), 0.3
+        )
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -388,10 +447,14 @@ def test_k_larger_than_classes():
 
 def test_shape_mismatch_names_both_shapes():
     labels, logits = random_case((4, 3), 5)
-    with pytest.raises(ValueError, match=r"y_true.shape=\(4,\).*y_pred.shape=\(4, 3, 5\)"):
+    with pytest.raises(
+        ValueError, match=r"y_true.shape=\(4,\).*y_pred.shape=\(4, 3, 5\)"
+    ):
         kas.ASSoftmaxLoss()(labels[:, 0], logits)
     with pytest.raises(ValueError, match="one-hot"):
-        kas.ASSoftmaxLoss(label_mode="categorical")(np.eye(4)[[0, 1, 2, 3]], logits[:, 0])
+        kas.ASSoftmaxLoss(label_mode="categorical")(
+            np.eye(4)[[0, 1, 2, 3]], logits[:, 0]
+        )
     with pytest.raises(ValueError, match="multi-hot"):
         kas.MultiLabelASSoftmaxLoss()(np.ones((4, 4)), logits[:, 0])
 
@@ -412,6 +475,121 @@ def test_half_precision_labels_with_many_classes_are_refused():
         kas.ASSoftmaxLoss(dtype="float16")(labels, logits)
 
 
+EMPTY_CASES = [
+    (lambda **kw: kas.ASSoftmaxLoss(0.3, ignore_class=-1, **kw), (0,), 5),
+    (lambda **kw: kas.ASSoftmaxLoss(0.3, ignore_class=-1, **kw), (0, 3), 5),
+    (lambda **kw: kas.ASSoftmaxLoss(0.3, **kw), (0,), 300),
+    (lambda **kw: kas.SparseSoftmaxLoss(k=2, **kw), (0,), 5),
+    (lambda **kw: kas.AMSoftmaxLoss(**kw), (0, 3), 5),
+    (lambda **kw: kas.TemperatureSoftmaxLoss(**kw), (0,), 5),
+    (lambda **kw: kas.SparsemaxLoss(**kw), (0, 3), 5),
+    (lambda **kw: kas.Entmax15Loss(**kw), (0,), 5),
+    (lambda **kw: kas.MultiLabelASSoftmaxLoss(**kw), (0,), 5),
+    (lambda **kw: kas.MultiLabelCategoricalCrossentropy(**kw), (0,), 5),
+]
+
+
+@pytest.mark.parametrize("case", range(len(EMPTY_CASES)))
+def test_empty_batch_gives_empty_rows_and_zero_loss(case):
+    make, shape, num_classes = EMPTY_CASES[case]
+    logits = np.zeros(shape + (num_classes,), "float32")
+    multilabel = "MultiLabel" in type(make()).__name__
+    labels = np.zeros(logits.shape if multilabel else shape, "int32")
+    per_row = make(reduction=None)
+    assert to_numpy(per_row(labels, logits)).shape == shape
+    _, grad = value_and_grad(lambda x: per_row(labels, x), logits)
+    assert grad.shape == logits.shape
+    for reduction in ("sum_over_batch_size", "sum", "mean"):
+        loss = make(reduction=reduction)
+        got = to_numpy(loss(labels, logits))
+        assert got.shape == () and got == 0.0
+        weights = np.ones((0,), "float32")
+        got = to_numpy(loss(labels, logits, sample_weight=weights))
+        assert got.shape == () and got == 0.0
+        jit = compiled(lambda y, x, loss=loss: loss(y, x))
+        if jit is not None:
+            assert to_numpy(jit(labels, logits)) == 0.0
+
+
+@pytest.mark.parametrize("bad", [0.5, 2.0, -1.0])
+def test_multilabel_targets_outside_zero_one_are_refused(bad):
+    y = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], "float32")
+    y[1, 2] = bad
+    logits = np.zeros((2, 3), "float32")
+    for loss in (
+        kas.MultiLabelASSoftmaxLoss(),
+        kas.MultiLabelCategoricalCrossentropy(),
+        kas.multilabel_categorical_crossentropy,
+        kas.multilabel_as_softmax_cross_entropy,
+    ):
+        with pytest.raises(
+            ValueError, match=rf"multi-hot.*other than 0 and 1.*\[{bad}\]"
+        ):
+            loss(y, logits)
+    # Under tracing the values are unknown: no check, no error.
+    loss = kas.MultiLabelASSoftmaxLoss()
+    jit = compiled(lambda a, b: loss(a, b))
+    if jit is not None:
+        jit(y, logits)
+
+
+@pytest.mark.parametrize("bad", [-0.2, 1.5])
+def test_from_logits_false_refuses_non_probabilities(bad):
+    labels, logits = random_case((4,), 3)
+    probs = to_numpy(ops.softmax(logits))
+    probs[1, 2] = bad
+    for make in (
+        kas.ASSoftmaxLoss,
+        kas.SparseSoftmaxLoss,
+        kas.AMSoftmaxLoss,
+        kas.TemperatureSoftmaxLoss,
+    ):
+        loss = (
+            make(from_logits=False)
+            if make is not kas.SparseSoftmaxLoss
+            else (make(k=2, from_logits=False))
+        )
+        with pytest.raises(ValueError, match=rf"probabilities.*\[{bad}\]"):
+            loss(labels, probs)
+    with pytest.raises(ValueError, match="from_logits=False"):
+        kas.as_softmax_cross_entropy(labels, probs, from_logits=False)
+    probs[1, 2] = 1.0  # the bounds themselves are probabilities
+    kas.ASSoftmaxLoss(from_logits=False)(labels, probs)
+
+
+def test_non_integral_float_labels_are_refused():
+    labels, logits = random_case((4,), 5)
+    floats = labels.astype("float32")
+    expected = to_numpy(kas.ASSoftmaxLoss(reduction=None)(labels, logits))
+    # Keras casts labels to the loss dtype: integral floats are labels.
+    got = to_numpy(kas.ASSoftmaxLoss(reduction=None)(floats, logits))
+    np.testing.assert_array_equal(got, expected)
+    floats[2] = 0.5
+    for loss in (kas.ASSoftmaxLoss(), kas.SparsemaxLoss(ignore_class=-1)):
+        with pytest.raises(ValueError, match=r"integer labels.*\[0.5\]"):
+            loss(floats, logits)
+    with pytest.raises(ValueError, match="integer labels"):
+        kas.as_softmax_cross_entropy(floats, logits)
+
+
+def test_masked_rows_reads_the_mask_of_any_keras_loss():
+    labels = np.array([[0, 1, -1]])
+    logits = np.array([[[9.0, 0.0], [0.0, 0.1], [9.0, 0.0]]], "float32")
+    for loss in (
+        kas.ASSoftmaxLoss(0.3, ignore_class=-1),
+        keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=-1
+        ),
+    ):
+        masked, counted = kas.masked_rows(loss, labels, logits)
+        np.testing.assert_array_equal(to_numpy(counted), [[True, True, False]])
+    np.testing.assert_array_equal(to_numpy(masked), [[False, False, False]])
+    masked, _ = kas.masked_rows(
+        kas.ASSoftmaxLoss(0.3, ignore_class=-1), labels, logits
+    )
+    np.testing.assert_array_equal(to_numpy(masked), [[True, False, False]])
+
+
 # ------------------------------------------------------------ serialization
 
 ALL_LOSSES = [
@@ -426,7 +604,9 @@ ALL_LOSSES = [
 ]
 
 
-@pytest.mark.parametrize("loss", ALL_LOSSES, ids=lambda loss: type(loss).__name__)
+@pytest.mark.parametrize(
+    "loss", ALL_LOSSES, ids=lambda loss: type(loss).__name__
+)
 def test_config_round_trip(loss):
     config = loss.get_config()
     json.dumps(config)
@@ -434,6 +614,14 @@ def test_config_round_trip(loss):
     assert clone.get_config() == config
     restored = keras.losses.deserialize(keras.losses.serialize(loss))
     assert type(restored) is type(loss) and restored.get_config() == config
+
+
+@pytest.mark.parametrize(
+    "loss", ALL_LOSSES, ids=lambda loss: type(loss).__name__
+)
+def test_config_lists_exactly_the_constructor_arguments(loss):
+    params = inspect.signature(type(loss).__init__).parameters
+    assert set(loss.get_config()) == set(params) - {"self"}
 
 
 def test_masked_ratio_metric_counts_only_counted_rows():
@@ -483,14 +671,19 @@ def test_keras_file_round_trip_in_fresh_process(tmp_path):
 import json, numpy as np, keras
 import keras_as_softmax  # registers the classes
 m = keras.saving.load_model({path!r})
-x, y = np.load({str(tmp_path / 'x.npy')!r}), np.load({str(tmp_path / 'y.npy')!r})
+x = np.load({str(tmp_path / "x.npy")!r})
+y = np.load({str(tmp_path / "y.npy")!r})
 r = m.evaluate(x, y, verbose=0, return_dict=True)
 print(json.dumps({{"loss": r["loss"], "delta": m.loss.get_config()["delta"],
                   "cls": type(m.loss).__name__}}))
 """
     env = dict(os.environ, KERAS_BACKEND=BACKEND)
     out = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["cls"] == "ASSoftmaxLoss"

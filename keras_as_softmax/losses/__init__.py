@@ -16,5 +16,30 @@ from keras_as_softmax.losses.baselines import sparsemax_loss
 from keras_as_softmax.losses.baselines import temperature_softmax_cross_entropy
 from keras_as_softmax.losses.multilabel import MultiLabelASSoftmaxLoss
 from keras_as_softmax.losses.multilabel import MultiLabelCategoricalCrossentropy
-from keras_as_softmax.losses.multilabel import multilabel_as_softmax_cross_entropy
-from keras_as_softmax.losses.multilabel import multilabel_categorical_crossentropy
+from keras_as_softmax.losses.multilabel import (
+    multilabel_as_softmax_cross_entropy,
+)
+from keras_as_softmax.losses.multilabel import (
+    multilabel_categorical_crossentropy,
+)
+
+__all__ = [
+    "ASSoftmaxLoss",
+    "as_softmax_cross_entropy",
+    "AMSoftmaxLoss",
+    "Entmax15Loss",
+    "SparsemaxLoss",
+    "SparseSoftmaxLoss",
+    "TemperatureSoftmaxLoss",
+    "am_softmax_cross_entropy",
+    "entmax15",
+    "entmax15_loss",
+    "sparse_softmax_cross_entropy",
+    "sparsemax",
+    "sparsemax_loss",
+    "temperature_softmax_cross_entropy",
+    "MultiLabelASSoftmaxLoss",
+    "MultiLabelCategoricalCrossentropy",
+    "multilabel_as_softmax_cross_entropy",
+    "multilabel_categorical_crossentropy",
+]

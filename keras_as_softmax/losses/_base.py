@@ -1,4 +1,4 @@
-"""Base class shared by the multi-class losses of this package."""
+"""The base class of every loss of this package."""
 
 import keras
 from keras import ops
@@ -6,78 +6,91 @@ from keras import ops
 from keras_as_softmax.losses import _common
 
 
-class MultiClassLoss(keras.losses.Loss):
-    """A `keras.losses.Loss` over logits `[..., C]` and one label per row.
+class PerRowLoss(keras.losses.Loss):
+    """A `keras.losses.Loss` that applies a per-row loss function.
 
-    Subclasses set `fn` (the per-sample function) and implement
-    `_fn_kwargs()` (its hyper-parameters). This class owns what every
-    multi-class loss here shares: integer or one-hot labels, `from_logits`,
-    and `ignore_class`, whose positions get loss 0 and are left out of the
-    `"sum_over_batch_size"` / `"mean"` denominators, exactly as in
+    Like `keras.losses.LossFunctionWrapper`: the instance holds `fn` (a
+    function `fn(y_true, y_pred, **kwargs)` returning one value per row,
+    `[...]` for `y_pred` of shape `[..., C]`) and its keyword arguments;
+    `call` applies it. A subclass's constructor validates its arguments and
+    passes `fn`, `reduction`, `name`, `dtype` and the rest as keyword
+    arguments of `fn`; `get_config` then lists exactly those arguments (a
+    `keras.Variable` argument, such as `delta`, as its current value).
+
+    The keyword arguments read as attributes (`loss.delta`,
+    `loss.ignore_class`). `fn` marks the rows that do not count
+    (`ignore_class`) with a Keras mask on its output, which
+    `keras.losses.Loss.__call__` applies, as for
     `keras.losses.SparseCategoricalCrossentropy(ignore_class=...)`.
-    """
+    Sample weights of shape `[batch]` weight every row of a sample (every
+    token of a sentence). A batch without rows gives empty per-row values,
+    and a reduced loss of 0.
 
-    fn = None
+    Args:
+        fn: the per-row loss function.
+        reduction: as in `keras.losses.Loss`. Defaults to
+            `"sum_over_batch_size"`.
+        name: as in `keras.losses.Loss`. Defaults to `None`.
+        dtype: as in `keras.losses.Loss`. Defaults to `None`.
+        **kwargs: the keyword arguments of `fn`.
+    """
 
     def __init__(
         self,
-        *,
-        from_logits=True,
-        label_mode="int",
-        ignore_class=None,
+        fn,
         reduction="sum_over_batch_size",
         name=None,
         dtype=None,
+        **kwargs,
     ):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
-        _common.check_label_mode(label_mode, ignore_class)
-        self.from_logits = bool(from_logits)
-        self.label_mode = label_mode
-        self.ignore_class = None if ignore_class is None else int(ignore_class)
+        self.fn = fn
+        self._fn_kwargs = kwargs
 
-    def _fn_kwargs(self):
-        return {}
-
-    def call(self, y_true, y_pred):
-        return type(self).fn(
-            y_true,
-            y_pred,
-            from_logits=self.from_logits,
-            label_mode=self.label_mode,
-            ignore_class=self.ignore_class,
-            **self._fn_kwargs(),
+    def __getattr__(self, name):
+        # Only called for names that are not set on the instance.
+        kwargs = self.__dict__.get("_fn_kwargs", {})
+        if name in kwargs:
+            return kwargs[name]
+        raise AttributeError(
+            f"{type(self).__name__!r} object has no attribute {name!r}"
         )
 
+    def call(self, y_true, y_pred):
+        if _common.has_no_rows(y_pred):
+            return _common.no_rows(y_pred)
+        return self.fn(y_true, y_pred, **self._fn_kwargs)
+
     def __call__(self, y_true, y_pred, sample_weight=None):
-        y_true = ops.convert_to_tensor(y_true)
-        y_pred = ops.convert_to_tensor(y_pred)
-        row_rank = len(y_pred.shape) - 1
         if sample_weight is not None:
-            # Per-sample weights `[batch]` also weight every token of a sample.
+            # `[batch]` weights weight every row of a sample. A new tensor of
+            # the rows' shape: Keras multiplies the mask into it in place on
+            # torch.
             sample_weight = ops.convert_to_tensor(sample_weight)
-            while len(sample_weight.shape) < row_rank:
+            rows = ops.shape(y_pred)[:-1]
+            while len(sample_weight.shape) < len(rows):
                 sample_weight = ops.expand_dims(sample_weight, -1)
-        if self.ignore_class is not None:
-            # Fold the ignored positions into the sample weights with the same
-            # `total / valid` rescaling that Keras applies to masked losses.
-            labels = _common.squeeze_int_labels(y_true, y_pred)
-            valid = ops.not_equal(ops.cast(labels, "int32"), self.ignore_class)
-            weight = ops.cast(valid, self.dtype)
-            if self.reduction in ("sum_over_batch_size", "mean"):
-                total = ops.cast(ops.size(weight), self.dtype)
-                weight = weight * ops.divide_no_nan(total, ops.sum(weight))
-            if sample_weight is not None:
-                weight = weight * ops.cast(sample_weight, self.dtype)
-            sample_weight = weight
-        return super().__call__(y_true, y_pred, sample_weight)
+            sample_weight = sample_weight * ops.ones(rows, sample_weight.dtype)
+        loss = super().__call__(y_true, y_pred, sample_weight)
+        if self.reduction not in (None, "none") and len(loss.shape):
+            # Keras returns the values of a `[0]` batch unreduced.
+            loss = ops.sum(loss)
+        return loss
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            from_logits=self.from_logits,
-            label_mode=self.label_mode,
-            ignore_class=self.ignore_class,
-            dtype=self._dtype_policy.name,
-        )
-        config.update(self._fn_kwargs())
+        config["dtype"] = self._dtype_policy.name
+        for key, value in self._fn_kwargs.items():
+            if isinstance(value, keras.Variable):
+                value = float(ops.convert_to_numpy(value))
+            config[key] = value
         return config
+
+
+def label_kwargs(label_mode, ignore_class):
+    """The validated label arguments shared by the multi-class losses."""
+    _common.check_label_mode(label_mode, ignore_class)
+    return {
+        "label_mode": label_mode,
+        "ignore_class": None if ignore_class is None else int(ignore_class),
+    }

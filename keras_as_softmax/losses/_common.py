@@ -1,13 +1,21 @@
-"""Shared pieces of the multi-class losses: label handling, checks, kernels.
+"""Shared pieces of the losses: input checks, label handling, row masks.
 
 Everything here is written with `keras.ops` so that it runs on every backend,
 eagerly and under XLA: fixed shapes, `where` instead of boolean indexing, no
-host round trips except for label checks on concrete (eager) values.
+host round trips except for checks on concrete (eager) values.
 """
 
 import keras
 import numpy as np
 from keras import ops
+
+# Keras has no public API for the mask that `keras.losses.Loss.__call__`
+# reads off a loss's per-row values; its own `sparse_categorical_crossentropy`
+# uses these (on JAX, whose arrays take no attributes, they keep a table).
+from keras.src.backend import get_keras_mask
+from keras.src.backend import set_keras_mask
+
+from keras_as_softmax import _validation
 
 LABEL_MODES = ("int", "categorical")
 
@@ -47,22 +55,9 @@ def is_concrete(x):
     return False
 
 
-def check_delta(delta, name="delta"):
-    """Validates a margin given as a Python number (variables pass as is)."""
-    if isinstance(delta, keras.Variable):
-        return delta
-    try:
-        value = float(delta)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"Expected `{name}` to be a number in [0, 1]. "
-            f"Received: {name}={delta!r}"
-        ) from None
-    if not 0.0 <= value <= 1.0 or value != value:
-        raise ValueError(
-            f"Expected `{name}` to be in [0, 1]. Received: {name}={delta!r}"
-        )
-    return value
+def check_delta(delta):
+    """Checks a margin in [0, 1]; a `keras.Variable` passes through."""
+    return _validation.check_fraction(delta, "delta")
 
 
 def delta_variable(delta):
@@ -70,23 +65,16 @@ def delta_variable(delta):
 
     Callbacks (`DeltaWarmup`) assign it during training without recompiling.
     """
-    return keras.Variable(check_delta(delta), dtype="float32", trainable=False, name="delta")
-
-
-def check_positive(value, name):
-    if not float(value) > 0:
-        raise ValueError(
-            f"Expected `{name}` to be > 0. Received: {name}={value!r}"
-        )
-    return value
+    return keras.Variable(
+        check_delta(delta),
+        dtype="float32",
+        trainable=False,
+        name="delta",
+    )
 
 
 def check_label_mode(label_mode, ignore_class):
-    if label_mode not in LABEL_MODES:
-        raise ValueError(
-            f"Expected `label_mode` to be one of {LABEL_MODES}. "
-            f"Received: label_mode={label_mode!r}"
-        )
+    _validation.check_one_of(label_mode, "label_mode", LABEL_MODES)
     if ignore_class is not None:
         if label_mode != "int":
             raise ValueError(
@@ -94,16 +82,26 @@ def check_label_mode(label_mode, ignore_class):
                 f"Received: label_mode={label_mode!r}, "
                 f"ignore_class={ignore_class!r}"
             )
-        if not isinstance(ignore_class, (int, np.integer)):
-            raise ValueError(
-                "Expected `ignore_class` to be an int or None. "
-                f"Received: ignore_class={ignore_class!r}"
-            )
+        _validation.check_int(ignore_class, "ignore_class", minimum=None)
+
+
+def has_no_rows(y_pred):
+    """True when `y_pred`'s static shape holds no row (a 0 before the
+    class axis): Keras's `ops.max` refuses empty tensors on TensorFlow and
+    torch."""
+    return any(dim == 0 for dim in tuple(y_pred.shape)[:-1])
+
+
+def no_rows(y_pred):
+    """Per-row values for a `y_pred` without rows: zeros of shape
+    `y_pred.shape[:-1]`, connected to `y_pred` so that it has a gradient."""
+    y_pred = ops.convert_to_tensor(y_pred)
+    return ops.sum(ops.cast(y_pred, compute_dtype(y_pred)) * 0.0, axis=-1)
 
 
 def _shapes_match(a, b):
     return len(a) == len(b) and all(
-        x is None or y is None or x == y for x, y in zip(a, b)
+        x is None or y is None or x == y for x, y in zip(a, b, strict=True)
     )
 
 
@@ -142,18 +140,60 @@ def check_same_shape(y_true, y_pred, what):
         )
 
 
-def _check_label_range(labels, num_classes, ignore_class):
-    values = ops.convert_to_numpy(labels)
-    if ignore_class is not None:
-        values = values[values != ignore_class]
-    if values.size and (values.min() < 0 or values.max() >= num_classes):
-        bad = values[(values < 0) | (values >= num_classes)]
+def _examples(values, bad):
+    """Up to five offending values, for an error message: `[0.5, 2.0]`."""
+    found = ops.convert_to_numpy(values)[ops.convert_to_numpy(bad)][:5]
+    return "[" + ", ".join(str(value) for value in found) + "]"
+
+
+def _any(bad):
+    return bool(ops.convert_to_numpy(ops.any(bad)))
+
+
+def check_values(values, bad, expected, received):
+    """Raises a `ValueError` when any of `bad` is true.
+
+    The message reads "Expected {expected}. Received: {received}, e.g."
+    followed by up to five of the `values` where `bad` is true. Only on
+    concrete values: while tracing a graph the check is skipped. It moves
+    one boolean to the host unless something is wrong.
+    """
+    if is_concrete(values) and _any(bad):
         raise ValueError(
-            f"Expected integer labels in [0, {num_classes - 1}] "
-            f"(num_classes={num_classes}"
-            + (f", ignore_class={ignore_class}" if ignore_class is not None else "")
-            + f"). Received labels outside that range, e.g. {bad[:5].tolist()}"
+            f"Expected {expected}. Received: {received}, "
+            f"e.g. {_examples(values, bad)}"
         )
+
+
+def _check_label_range(labels, num_classes, ignore_class):
+    bad = ops.logical_or(
+        ops.less(labels, 0), ops.greater_equal(labels, num_classes)
+    )
+    if ignore_class is not None:
+        bad = ops.logical_and(bad, ops.not_equal(labels, ignore_class))
+    ignored = "" if ignore_class is None else f", ignore_class={ignore_class}"
+    check_values(
+        labels,
+        bad,
+        f"integer labels in [0, {num_classes - 1}] "
+        f"(num_classes={num_classes}{ignored})",
+        "labels outside that range",
+    )
+
+
+def check_probabilities(y_pred):
+    """With `from_logits=False`, `y_pred` must hold values in [0, 1]."""
+    check_values(
+        y_pred,
+        ops.logical_not(
+            ops.logical_and(
+                ops.greater_equal(y_pred, 0.0), ops.less_equal(y_pred, 1.0)
+            )
+        ),
+        "probabilities in [0, 1] in `y_pred` with `from_logits=False` "
+        "(pass `from_logits=True` for logits)",
+        "values outside [0, 1]",
+    )
 
 
 def to_logits(y_pred, from_logits):
@@ -166,46 +206,55 @@ def to_logits(y_pred, from_logits):
     return ops.clip(y_pred, -_LOGIT_LIMIT, _LOGIT_LIMIT)
 
 
+def _int_labels(y_true, y_pred, ignore_class):
+    """int32 labels `[...]` from integer (or integral float) labels."""
+    y_true = squeeze_int_labels(y_true, y_pred)
+    num_classes = y_pred.shape[-1]
+    true_dtype = keras.backend.standardize_dtype(y_true.dtype)
+    limit = _EXACT_INT_LIMIT.get(true_dtype)
+    if limit is not None and num_classes is not None and num_classes > limit:
+        raise ValueError(
+            f"Integer labels arrived as {true_dtype}, which represents "
+            f"integers exactly only up to {limit}, but y_pred has "
+            f"{num_classes} classes. Use a float32 loss dtype "
+            "(the default) or integer labels."
+        )
+    if "float" in true_dtype:
+        # Keras casts labels to the loss dtype: 2.0 is label 2, 0.5 is no
+        # label at all.
+        check_values(
+            y_true,
+            ops.not_equal(y_true, ops.round(y_true)),
+            "integer labels with `label_mode='int'` (for one-hot labels "
+            "use `label_mode='categorical'`)",
+            "non-integral labels",
+        )
+    labels = ops.cast(y_true, "int32")
+    if num_classes is not None:
+        _check_label_range(labels, num_classes, ignore_class)
+    return labels
+
+
 def prepare_multiclass(y_true, y_pred, from_logits, label_mode, ignore_class):
-    """Standardizes multi-class inputs.
+    """Checks and standardizes multi-class inputs.
 
     Returns:
-        `(logits, is_target, valid)`: float logits `[..., C]`, a boolean
-        one-hot of the target `[..., C]`, and a boolean `[...]` mask of the
-        rows that count (`None` when every row counts).
+        `(logits, labels, is_target, valid)`: float logits `[..., C]`,
+        int32 labels `[...]` (0 at ignored positions), a boolean one-hot of
+        the target `[..., C]`, and a boolean `[...]` mask of the rows that
+        count (`None` when every row counts).
     """
-    logits, _, is_target, valid = prepare_multiclass_labels(
-        y_true, y_pred, from_logits, label_mode, ignore_class
-    )
-    return logits, is_target, valid
-
-
-def prepare_multiclass_labels(
-    y_true, y_pred, from_logits, label_mode, ignore_class
-):
-    """`prepare_multiclass` that also returns the int32 labels `[...]`
-    (0 at ignored positions): `(logits, labels, is_target, valid)`."""
+    check_label_mode(label_mode, ignore_class)
     y_true = ops.convert_to_tensor(y_true)
     y_pred = ops.convert_to_tensor(y_pred)
-    num_classes = y_pred.shape[-1] if len(y_pred.shape) else None
+    if not from_logits:
+        check_probabilities(y_pred)
     logits = to_logits(y_pred, from_logits)
     if label_mode == "categorical":
         check_same_shape(y_true, y_pred, "one-hot")
-        labels = ops.argmax(y_true, axis=-1)
+        labels = ops.cast(ops.argmax(y_true, axis=-1), "int32")
     else:
-        y_true = squeeze_int_labels(y_true, y_pred)
-        true_dtype = keras.backend.standardize_dtype(y_true.dtype)
-        limit = _EXACT_INT_LIMIT.get(true_dtype)
-        if limit is not None and num_classes is not None and num_classes > limit:
-            raise ValueError(
-                f"Integer labels arrived as {true_dtype}, which represents "
-                f"integers exactly only up to {limit}, but y_pred has "
-                f"{num_classes} classes. Use a float32 loss dtype "
-                "(the default) or integer labels."
-            )
-        labels = ops.cast(y_true, "int32")
-        if num_classes is not None and is_concrete(labels):
-            _check_label_range(labels, num_classes, ignore_class)
+        labels = _int_labels(y_true, y_pred, ignore_class)
     valid = None
     if ignore_class is not None:
         valid = ops.not_equal(labels, ignore_class)
@@ -215,43 +264,48 @@ def prepare_multiclass_labels(
     return logits, labels, is_target, valid
 
 
-def target_logit(logits, is_target):
-    return ops.sum(ops.where(is_target, logits, 0.0), axis=-1)
-
-
-def kept_cross_entropy(logits, is_target, keep=None, shifted=None):
+def cross_entropy_over_kept(logits, is_target, keep=None):
     """Cross entropy over the kept classes: `logsumexp(o[keep]) - o_t`.
 
-    `keep` must contain the target (it always does here). The max is taken
-    over all classes: it is a kept class whenever the target is kept, so the
-    shift is exact, and for a row where only the target is kept it equals
-    `o_t`, making the loss `o_t + log(1) - o_t == 0.0` exactly, with a
-    gradient `1 - 1 == 0.0` exactly.
+    `keep` must contain the target. The max is taken over all classes: it
+    is a kept class whenever the target is kept, so the shift is exact,
+    and for a row where only the target is kept it equals `o_t`, making the
+    loss `o_t + log(1) - o_t == 0.0` exactly, with a gradient
+    `1 - 1 == 0.0` exactly.
 
     Args:
         logits: float `[..., C]`.
         is_target: bool `[..., C]` one-hot of the target.
         keep: optional bool `[..., C]`; `None` keeps every class (plain
             softmax cross entropy).
-        shifted: optional `(top, exp(logits - top))` already computed.
+
+    Returns:
+        Float values `[...]`.
     """
-    if shifted is None:
-        shifted = shift_exp(logits)
-    top, exps = shifted
+    top = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True))
+    exps = ops.exp(logits - top)
     if keep is not None:
         exps = ops.where(keep, exps, 0.0)
-    return (
-        ops.squeeze(top, axis=-1)
-        + ops.log(ops.sum(exps, axis=-1))
-        - target_logit(logits, is_target)
-    )
+    target = ops.sum(ops.where(is_target, logits, 0.0), axis=-1)
+    return ops.squeeze(top, axis=-1) + ops.log(ops.sum(exps, axis=-1)) - target
 
 
-def shift_exp(logits):
-    """`(max, exp(logits - max))` with the max held constant for gradients."""
-    top = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True))
-    return top, ops.exp(logits - top)
+def mask_rows(values, valid):
+    """Zeroes the rows that do not count and marks them for Keras.
+
+    The returned values carry `valid` as their Keras mask, which
+    `keras.losses.Loss.__call__` applies (leaving those rows out of the
+    `"sum_over_batch_size"` and `"mean"` denominators), as for
+    `keras.losses.SparseCategoricalCrossentropy(ignore_class=...)`.
+    `valid=None` returns `values` unchanged.
+    """
+    if valid is None:
+        return values
+    values = ops.where(valid, values, 0.0)
+    set_keras_mask(values, valid)
+    return values
 
 
-def zero_invalid(values, valid):
-    return values if valid is None else ops.where(valid, values, 0.0)
+def row_mask(x):
+    """The Keras mask that `x` carries (see `mask_rows`), or `None`."""
+    return get_keras_mask(x)

@@ -4,8 +4,8 @@ import keras
 from keras import ops
 
 from keras_as_softmax.losses import _common
-from keras_as_softmax.losses._base import MultiClassLoss
-
+from keras_as_softmax.losses._base import PerRowLoss
+from keras_as_softmax.losses._base import label_kwargs
 
 # Up to this many classes, the row max and the target logit come from one
 # reduction over the logits stacked with their target-only copy: XLA on CPU
@@ -21,13 +21,19 @@ def _row_max_and_target(y_pred, logits, labels, is_target, from_logits):
     gradient that closes over values it differentiates."""
     if logits.shape[-1] is not None and logits.shape[-1] <= _STACKED_ROW_LIMIT:
         both = ops.max(
-            ops.stack([logits, ops.where(is_target, logits, -float("inf"))], -2),
+            ops.stack(
+                [logits, ops.where(is_target, logits, -float("inf"))], -2
+            ),
             axis=-1,
         )
-        return ops.stop_gradient(both[..., :1]), ops.stop_gradient(both[..., 1:])
+        return ops.stop_gradient(both[..., :1]), ops.stop_gradient(
+            both[..., 1:]
+        )
     # `to_logits` is monotone, so max(to_logits(y)) == to_logits(max(y)):
     # reducing the raw input keeps XLA from materializing the clipped logits.
-    top = _common.to_logits(ops.max(y_pred, axis=-1, keepdims=True), from_logits)
+    top = _common.to_logits(
+        ops.max(y_pred, axis=-1, keepdims=True), from_logits
+    )
     target = ops.take_along_axis(logits, ops.expand_dims(labels, -1), axis=-1)
     return ops.stop_gradient(top), ops.stop_gradient(target)
 
@@ -63,27 +69,46 @@ def as_softmax_cross_entropy(
             Half-precision inputs are computed in float32.
         delta: margin in [0, 1]. `1.0` gives softmax cross entropy, `0.0`
             drops every class less likely than the target. Defaults to `0.3`.
-        from_logits: whether `y_pred` holds logits. Defaults to `True`.
+        from_logits: whether `y_pred` holds logits. With `False`, `y_pred`
+            must hold probabilities in [0, 1]. Defaults to `True`.
         label_mode: `"int"` or `"categorical"`. Defaults to `"int"`.
-        ignore_class: optional int label whose positions get loss 0.
+        ignore_class: optional int label whose positions get loss 0 and a
+            Keras mask that leaves them out of a loss's mean. Defaults to
+            `None`.
 
     Returns:
         Loss values of shape `[...]`, float32 (float64 for float64 inputs).
+        The gradient is written out (`softmax over kept classes - one_hot`),
+        so masked rows get an exact 0.0 in every precision; second
+        derivatives are not available.
 
-    The gradient is written out (`softmax over kept classes - one_hot`), so
-    that XLA fuses the whole loss into a few passes and masked rows get an
-    exact 0.0 in every precision; second derivatives are not available.
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> logits = np.array([[4.0, 0.0, 0.0], [1.0, 0.8, -1.0]])
+    >>> values = keras_as_softmax.as_softmax_cross_entropy(
+    ...     np.array([0, 0]), logits, delta=0.3
+    ... )
+    >>> [round(float(v), 4) for v in values]
+    [0.0, 0.5981]
+
+    Reference:
+        Lv et al., "Adaptive Sparse Softmax: An Effective and Efficient
+        Softmax Variant" (eq. 5-7).
     """
     delta = _common.check_delta(delta)
     y_pred = ops.convert_to_tensor(y_pred)
-    logits, labels, is_target, valid = _common.prepare_multiclass_labels(
+    logits, labels, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, from_logits, label_mode, ignore_class
     )
-    top, target = _row_max_and_target(y_pred, logits, labels, is_target, from_logits)
+    top, target = _row_max_and_target(
+        y_pred, logits, labels, is_target, from_logits
+    )
     delta = ops.cast(delta, logits.dtype)
 
     @ops.custom_gradient
-    def kept_cross_entropy(x):
+    def cross_entropy_within_margin(x):
         exps = ops.exp(x - top)
         total = ops.sum(exps, axis=-1, keepdims=True)
         # p_t - p_i < delta  <=>  e_i > e_t - delta * sum(e), e = exp(o - max)
@@ -103,11 +128,11 @@ def as_softmax_cross_entropy(
 
         return values, grad
 
-    return _common.zero_invalid(kept_cross_entropy(logits), valid)
+    return _common.mask_rows(cross_entropy_within_margin(logits), valid)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-class ASSoftmaxLoss(MultiClassLoss):
+class ASSoftmaxLoss(PerRowLoss):
     """Adaptive Sparse Softmax (AS-Softmax) cross entropy.
 
     A drop-in replacement for
@@ -140,7 +165,8 @@ class ASSoftmaxLoss(MultiClassLoss):
     Args:
         delta: margin in [0, 1]. `1.0` is softmax cross entropy; smaller
             values mask more rows. Defaults to `0.3`, the paper's advice.
-        from_logits: whether `y_pred` holds logits. Defaults to `True`.
+        from_logits: whether `y_pred` holds logits; with `False` it must
+            hold probabilities in [0, 1]. Defaults to `True`.
         label_mode: `"int"` for integer labels (`[...]`), `"categorical"`
             for one-hot labels (`[..., C]`, hard labels only). Defaults to
             `"int"`.
@@ -149,13 +175,16 @@ class ASSoftmaxLoss(MultiClassLoss):
             counted as masked rows. Defaults to `None`.
         reduction: as in `keras.losses.Loss`. Defaults to
             `"sum_over_batch_size"`; `None` returns per-row values (0 at
-            ignored positions).
+            ignored positions). Sample weights of shape `[batch]` weight
+            every token of a sample. An empty batch gives a loss of 0.
         name: defaults to `"as_softmax_loss"`.
         dtype: as in `keras.losses.Loss`. The math always runs in at least
             float32.
 
     Returns:
-        The reduced loss, or per-row values with `reduction=None`.
+        The reduced loss, or per-row values with `reduction=None`. Eager
+        calls check the labels (integers in range) and, with
+        `from_logits=False`, the probabilities, and raise a `ValueError`.
 
     Example:
 
@@ -171,8 +200,6 @@ class ASSoftmaxLoss(MultiClassLoss):
         Softmax Variant", ICLR 2023 submission / 2025 (eq. 5-7).
     """
 
-    fn = as_softmax_cross_entropy
-
     def __init__(
         self,
         delta=0.3,
@@ -184,19 +211,11 @@ class ASSoftmaxLoss(MultiClassLoss):
         dtype=None,
     ):
         super().__init__(
-            from_logits=from_logits,
-            label_mode=label_mode,
-            ignore_class=ignore_class,
+            as_softmax_cross_entropy,
             reduction=reduction,
             name=name,
             dtype=dtype,
+            delta=_common.delta_variable(delta),
+            from_logits=bool(from_logits),
+            **label_kwargs(label_mode, ignore_class),
         )
-        self.delta = _common.delta_variable(delta)
-
-    def _fn_kwargs(self):
-        return {"delta": self.delta}
-
-    def get_config(self):
-        config = super().get_config()
-        config["delta"] = float(ops.convert_to_numpy(self.delta))
-        return config

@@ -10,8 +10,10 @@ unmasked multi-label baseline is `MultiLabelCategoricalCrossentropy`.
 import keras
 from keras import ops
 
+from keras_as_softmax import _validation
 from keras_as_softmax.losses import _common
-from keras_as_softmax.losses._base import MultiClassLoss
+from keras_as_softmax.losses._base import PerRowLoss
+from keras_as_softmax.losses._base import label_kwargs
 
 
 def _check_k(k, num_classes):
@@ -20,14 +22,6 @@ def _check_k(k, num_classes):
             f"Expected `k` <= the number of classes ({num_classes}). "
             f"Received: k={k}"
         )
-
-
-def _check_int_at_least_1(value, name):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"Expected `{name}` to be an int >= 1. Received: {name}={value!r}"
-        )
-    return value
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -56,16 +50,29 @@ def sparse_softmax_cross_entropy(
 
     Returns:
         Loss values of shape `[...]`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> values = keras_as_softmax.sparse_softmax_cross_entropy(
+    ...     np.array([2]), np.array([[3.0, 2.0, 1.0]]), k=2
+    ... )
+    >>> [round(float(v), 4) for v in values]
+    [2.4076]
+
+    Reference:
+        Sun et al., "Sparsing and Smoothing for the seq2seq Models", 2021.
     """
-    _check_int_at_least_1(k, "k")
-    logits, is_target, valid = _common.prepare_multiclass(
+    k = _validation.check_int(k, "k")
+    logits, _, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, from_logits, label_mode, ignore_class
     )
     _check_k(k, logits.shape[-1])
     kth = ops.top_k(ops.stop_gradient(logits), k, sorted=True)[0][..., -1:]
     keep = ops.logical_or(ops.greater_equal(logits, kth), is_target)
-    values = _common.kept_cross_entropy(logits, is_target, keep)
-    return _common.zero_invalid(values, valid)
+    values = _common.cross_entropy_over_kept(logits, is_target, keep)
+    return _common.mask_rows(values, valid)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -94,13 +101,26 @@ def am_softmax_cross_entropy(
 
     Returns:
         Loss values of shape `[...]`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> values = keras_as_softmax.am_softmax_cross_entropy(
+    ...     np.array([0]), np.array([[1.0, 0.0]]), scale=2.0, margin=0.5
+    ... )
+    >>> [round(float(v), 4) for v in values]
+    [0.3133]
+
+    Reference:
+        Wang et al., "Additive Margin Softmax for Face Verification", 2018.
     """
-    logits, is_target, valid = _common.prepare_multiclass(
+    logits, _, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, from_logits, label_mode, ignore_class
     )
     logits = scale * ops.where(is_target, logits - margin, logits)
-    values = _common.kept_cross_entropy(logits, is_target)
-    return _common.zero_invalid(values, valid)
+    values = _common.cross_entropy_over_kept(logits, is_target)
+    return _common.mask_rows(values, valid)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -121,12 +141,22 @@ def temperature_softmax_cross_entropy(
 
     Returns:
         Loss values of shape `[...]`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> values = keras_as_softmax.temperature_softmax_cross_entropy(
+    ...     np.array([0]), np.array([[2.0, 0.0]]), temperature=2.0
+    ... )
+    >>> [round(float(v), 4) for v in values]
+    [0.3133]
     """
-    logits, is_target, valid = _common.prepare_multiclass(
+    logits, _, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, from_logits, label_mode, ignore_class
     )
-    values = _common.kept_cross_entropy(logits / temperature, is_target)
-    return _common.zero_invalid(values, valid)
+    values = _common.cross_entropy_over_kept(logits / temperature, is_target)
+    return _common.mask_rows(values, valid)
 
 
 def _sorted_desc(x):
@@ -169,7 +199,9 @@ def entmax15(logits):
     spread = rank * (mean_sq - ops.square(mean))
     tau_all = mean - ops.sqrt(ops.maximum((1.0 - spread) / rank, 0.0))
     size = ops.sum(
-        ops.cast(ops.less_equal(tau_all, z_sorted), "int32"), axis=-1, keepdims=True
+        ops.cast(ops.less_equal(tau_all, z_sorted), "int32"),
+        axis=-1,
+        keepdims=True,
     )
     tau = ops.expand_dims(_gather_last(tau_all, size - 1), -1)
     return ops.square(ops.maximum(z - tau, 0.0))
@@ -196,7 +228,9 @@ def _tsallis_loss(logits, is_target, probs, alpha):
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-def sparsemax_loss(y_true, y_pred, from_logits=True, label_mode="int", ignore_class=None):
+def sparsemax_loss(
+    y_true, y_pred, from_logits=True, label_mode="int", ignore_class=None
+):
     """Per-sample Sparsemax loss (Martins & Astudillo, 2016).
 
     Formula:
@@ -213,17 +247,31 @@ def sparsemax_loss(y_true, y_pred, from_logits=True, label_mode="int", ignore_cl
 
     Returns:
         Loss values of shape `[...]`, zero once `p` is the one-hot target.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> logits = np.array([[3.0, 0.0, 0.0], [1.0, 0.5, 0.0]])
+    >>> values = keras_as_softmax.sparsemax_loss(np.array([0, 1]), logits)
+    >>> [round(float(v), 4) for v in values]
+    [0.0, 0.5625]
+
+    Reference:
+        Martins & Astudillo, "From Softmax to Sparsemax", ICML 2016.
     """
     _check_logits_only(from_logits, "sparsemax_loss")
-    logits, is_target, valid = _common.prepare_multiclass(
+    logits, _, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, True, label_mode, ignore_class
     )
     values = _tsallis_loss(logits, is_target, sparsemax(logits), 2.0)
-    return _common.zero_invalid(values, valid)
+    return _common.mask_rows(values, valid)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-def entmax15_loss(y_true, y_pred, from_logits=True, label_mode="int", ignore_class=None):
+def entmax15_loss(
+    y_true, y_pred, from_logits=True, label_mode="int", ignore_class=None
+):
     """Per-sample 1.5-Entmax loss (Peters et al., 2019).
 
     Formula:
@@ -240,17 +288,30 @@ def entmax15_loss(y_true, y_pred, from_logits=True, label_mode="int", ignore_cla
 
     Returns:
         Loss values of shape `[...]`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_as_softmax
+    >>> logits = np.array([[5.0, 0.0, 0.0], [1.0, 0.5, 0.0]])
+    >>> values = keras_as_softmax.entmax15_loss(np.array([0, 1]), logits)
+    >>> [round(float(v), 4) for v in values]
+    [0.0, 0.7033]
+
+    Reference:
+        Peters, Niculae & Martins, "Sparse Sequence-to-Sequence Models",
+        ACL 2019.
     """
     _check_logits_only(from_logits, "entmax15_loss")
-    logits, is_target, valid = _common.prepare_multiclass(
+    logits, _, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, True, label_mode, ignore_class
     )
     values = _tsallis_loss(logits, is_target, entmax15(logits), 1.5)
-    return _common.zero_invalid(values, valid)
+    return _common.mask_rows(values, valid)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-class SparseSoftmaxLoss(MultiClassLoss):
+class SparseSoftmaxLoss(PerRowLoss):
     """Sparse-Softmax cross entropy: softmax over the top-k logits only.
 
     The predecessor of AS-Softmax: each row keeps its `k` largest logits
@@ -279,14 +340,13 @@ class SparseSoftmaxLoss(MultiClassLoss):
     >>> import numpy as np
     >>> import keras_as_softmax
     >>> loss = keras_as_softmax.SparseSoftmaxLoss(k=2, reduction=None)
-    >>> [round(float(v), 4) for v in loss(np.array([2]), np.array([[3.0, 2.0, 1.0]]))]
+    >>> logits = np.array([[3.0, 2.0, 1.0]])
+    >>> [round(float(v), 4) for v in loss(np.array([2]), logits)]
     [2.4076]
 
     Reference:
         Sun et al., "Sparsing and Smoothing for the seq2seq Models", 2021.
     """
-
-    fn = sparse_softmax_cross_entropy
 
     def __init__(
         self,
@@ -299,21 +359,21 @@ class SparseSoftmaxLoss(MultiClassLoss):
         dtype=None,
     ):
         super().__init__(
-            from_logits=from_logits,
-            label_mode=label_mode,
-            ignore_class=ignore_class,
+            sparse_softmax_cross_entropy,
             reduction=reduction,
             name=name,
             dtype=dtype,
+            k=_validation.check_int(k, "k"),
+            from_logits=bool(from_logits),
+            **label_kwargs(label_mode, ignore_class),
         )
-        self.k = _check_int_at_least_1(k, "k")
 
     def _fn_kwargs(self):
         return {"k": self.k}
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-class AMSoftmaxLoss(MultiClassLoss):
+class AMSoftmaxLoss(PerRowLoss):
     """Additive-margin softmax cross entropy (AM-Softmax), paper eq. 21.
 
     The target logit is lowered by `margin` and all logits are scaled by
@@ -348,8 +408,6 @@ class AMSoftmaxLoss(MultiClassLoss):
         Wang et al., "Additive Margin Softmax for Face Verification", 2018.
     """
 
-    fn = am_softmax_cross_entropy
-
     def __init__(
         self,
         scale=10.0,
@@ -362,22 +420,22 @@ class AMSoftmaxLoss(MultiClassLoss):
         dtype=None,
     ):
         super().__init__(
-            from_logits=from_logits,
-            label_mode=label_mode,
-            ignore_class=ignore_class,
+            am_softmax_cross_entropy,
             reduction=reduction,
             name=name,
             dtype=dtype,
+            scale=_validation.check_positive(scale, "scale"),
+            margin=float(margin),
+            from_logits=bool(from_logits),
+            **label_kwargs(label_mode, ignore_class),
         )
-        self.scale = float(_common.check_positive(scale, "scale"))
-        self.margin = float(margin)
 
     def _fn_kwargs(self):
         return {"scale": self.scale, "margin": self.margin}
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-class TemperatureSoftmaxLoss(MultiClassLoss):
+class TemperatureSoftmaxLoss(PerRowLoss):
     """Cross entropy of a temperature softmax (T-Softmax).
 
     Formula:
@@ -405,8 +463,6 @@ class TemperatureSoftmaxLoss(MultiClassLoss):
     0.3133
     """
 
-    fn = temperature_softmax_cross_entropy
-
     def __init__(
         self,
         temperature=1.0,
@@ -418,21 +474,21 @@ class TemperatureSoftmaxLoss(MultiClassLoss):
         dtype=None,
     ):
         super().__init__(
-            from_logits=from_logits,
-            label_mode=label_mode,
-            ignore_class=ignore_class,
+            temperature_softmax_cross_entropy,
             reduction=reduction,
             name=name,
             dtype=dtype,
+            temperature=_validation.check_positive(temperature, "temperature"),
+            from_logits=bool(from_logits),
+            **label_kwargs(label_mode, ignore_class),
         )
-        self.temperature = float(_common.check_positive(temperature, "temperature"))
 
     def _fn_kwargs(self):
         return {"temperature": self.temperature}
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-class SparsemaxLoss(MultiClassLoss):
+class SparsemaxLoss(PerRowLoss):
     """Sparsemax loss (Martins & Astudillo, 2016), on logits.
 
     Formula:
@@ -462,8 +518,6 @@ class SparsemaxLoss(MultiClassLoss):
         Martins & Astudillo, "From Softmax to Sparsemax", ICML 2016.
     """
 
-    fn = sparsemax_loss
-
     def __init__(
         self,
         label_mode="int",
@@ -473,21 +527,16 @@ class SparsemaxLoss(MultiClassLoss):
         dtype=None,
     ):
         super().__init__(
-            label_mode=label_mode,
-            ignore_class=ignore_class,
+            sparsemax_loss,
             reduction=reduction,
             name=name,
             dtype=dtype,
+            **label_kwargs(label_mode, ignore_class),
         )
-
-    def get_config(self):
-        config = super().get_config()
-        del config["from_logits"]
-        return config
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-class Entmax15Loss(SparsemaxLoss):
+class Entmax15Loss(PerRowLoss):
     """1.5-Entmax loss (Peters et al., 2019), on logits.
 
     Formula:
@@ -518,8 +567,6 @@ class Entmax15Loss(SparsemaxLoss):
         ACL 2019.
     """
 
-    fn = entmax15_loss
-
     def __init__(
         self,
         label_mode="int",
@@ -529,9 +576,9 @@ class Entmax15Loss(SparsemaxLoss):
         dtype=None,
     ):
         super().__init__(
-            label_mode=label_mode,
-            ignore_class=ignore_class,
+            entmax15_loss,
             reduction=reduction,
             name=name,
             dtype=dtype,
+            **label_kwargs(label_mode, ignore_class),
         )

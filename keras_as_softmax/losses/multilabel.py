@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_as_softmax.losses import _common
+from keras_as_softmax.losses._base import PerRowLoss
 
 _INF = float("inf")
 
@@ -12,6 +13,12 @@ def _prepare_multilabel(y_true, y_pred):
     y_true = ops.convert_to_tensor(y_true)
     y_pred = ops.convert_to_tensor(y_pred)
     _common.check_same_shape(y_true, y_pred, "multi-hot")
+    _common.check_values(
+        y_true,
+        ops.logical_and(ops.not_equal(y_true, 0), ops.not_equal(y_true, 1)),
+        "multi-hot labels (1 for a positive class, 0 for a negative one)",
+        "values other than 0 and 1",
+    )
     logits = _common.to_logits(y_pred, from_logits=True)
     positive = ops.greater(ops.cast(y_true, logits.dtype), 0.5)
     return logits, positive
@@ -119,15 +126,8 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     )
 
 
-class _MultiLabelLoss(keras.losses.Loss):
-    def get_config(self):
-        config = super().get_config()
-        config["dtype"] = self._dtype_policy.name
-        return config
-
-
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-class MultiLabelCategoricalCrossentropy(_MultiLabelLoss):
+class MultiLabelCategoricalCrossentropy(PerRowLoss):
     """Multi-label categorical cross entropy (Su, 2020), the paper's baseline.
 
     Scores positives above 0 and negatives below 0 with one softmax-like
@@ -153,7 +153,9 @@ class MultiLabelCategoricalCrossentropy(_MultiLabelLoss):
 
     >>> import numpy as np
     >>> import keras_as_softmax
-    >>> loss = keras_as_softmax.MultiLabelCategoricalCrossentropy(reduction=None)
+    >>> loss = keras_as_softmax.MultiLabelCategoricalCrossentropy(
+    ...     reduction=None
+    ... )
     >>> y = np.array([[1.0, 0.0, 1.0]])
     >>> [round(float(v), 4) for v in loss(y, np.array([[5.0, -5.0, 5.0]]))]
     [0.0201]
@@ -169,14 +171,16 @@ class MultiLabelCategoricalCrossentropy(_MultiLabelLoss):
         name="multilabel_categorical_crossentropy",
         dtype=None,
     ):
-        super().__init__(name=name, reduction=reduction, dtype=dtype)
-
-    def call(self, y_true, y_pred):
-        return multilabel_categorical_crossentropy(y_true, y_pred)
+        super().__init__(
+            multilabel_categorical_crossentropy,
+            reduction=reduction,
+            name=name,
+            dtype=dtype,
+        )
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-class MultiLabelASSoftmaxLoss(_MultiLabelLoss):
+class MultiLabelASSoftmaxLoss(PerRowLoss):
     """Multi-label AS-Softmax loss.
 
     The multi-label categorical cross entropy in which a negative class is
@@ -232,13 +236,10 @@ class MultiLabelASSoftmaxLoss(_MultiLabelLoss):
         name="multilabel_as_softmax_loss",
         dtype=None,
     ):
-        super().__init__(name=name, reduction=reduction, dtype=dtype)
-        self.delta = _common.delta_variable(delta)
-
-    def call(self, y_true, y_pred):
-        return multilabel_as_softmax_cross_entropy(y_true, y_pred, self.delta)
-
-    def get_config(self):
-        config = super().get_config()
-        config["delta"] = float(ops.convert_to_numpy(self.delta))
-        return config
+        super().__init__(
+            multilabel_as_softmax_cross_entropy,
+            reduction=reduction,
+            name=name,
+            dtype=dtype,
+            delta=_common.delta_variable(delta),
+        )
