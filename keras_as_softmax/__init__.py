@@ -1,7 +1,6 @@
 """Adaptive Sparse Softmax (AS-Softmax) and AS-Speed for Keras 3."""
 
 from keras_as_softmax import filters
-from keras_as_softmax.training.as_speed import ASSpeed
 from keras_as_softmax.callbacks import DeltaWarmup
 from keras_as_softmax.losses import AMSoftmaxLoss
 from keras_as_softmax.losses import ASSoftmaxLoss
@@ -24,5 +23,6 @@ from keras_as_softmax.losses import temperature_softmax_cross_entropy
 from keras_as_softmax.metrics import MaskedRatio
 from keras_as_softmax.metrics import count_masked_rows
 from keras_as_softmax.metrics import masked_rows
+from keras_as_softmax.training.as_speed import ASSpeed
 
 __version__ = "0.1.0"

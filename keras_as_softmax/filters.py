@@ -104,14 +104,19 @@ class SkipMasked(SampleFilter):
     needs_sample_ids = False
     scores = True
 
-    def __init__(self, min_masked_ratio=0.5, warmup_epochs=1, anneal_fraction=0.0):
+    def __init__(
+        self, min_masked_ratio=0.5, warmup_epochs=1, anneal_fraction=0.0
+    ):
         super().__init__(warmup_epochs, anneal_fraction)
         self.min_masked_ratio = check_fraction(
             min_masked_ratio, "min_masked_ratio"
         )
 
     def get_config(self):
-        return {"min_masked_ratio": self.min_masked_ratio, **super().get_config()}
+        return {
+            "min_masked_ratio": self.min_masked_ratio,
+            **super().get_config(),
+        }
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -200,9 +205,7 @@ class SkipMaskedLastSeen(SampleFilter):
         batch = ops.cast(ops.shape(was_masked)[0], "float32")
         n_was = ops.sum(ops.cast(was_masked, "float32"))
         cap = self.max_skipped_fraction * batch
-        revisit = ops.maximum(
-            self.revisit, 1.0 - cap / ops.maximum(n_was, 1.0)
-        )
+        revisit = ops.maximum(self.revisit, 1.0 - cap / ops.maximum(n_was, 1.0))
         keep = ops.logical_or(ops.logical_not(was_masked), draws < revisit)
         weight = ops.where(
             ops.logical_and(was_masked, keep),
@@ -300,4 +303,3 @@ def as_list(sample_filter):
             f"Received: sample_filter={filters!r}"
         )
     return filters
-

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Sets up what the tests need and runs them: the whole suite on TensorFlow,
-# the loss suite on JAX and PyTorch, and the AS-Speed suite on JAX.
+# Sets up what the tests need and runs them: ruff, the whole suite on
+# TensorFlow, the loss suite on JAX and PyTorch, and the training suite on JAX.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check -e ".[test,jax]" -e ./lab "torch==2.13.0"
 export TF_CPP_MIN_LOG_LEVEL=2 HF_HUB_OFFLINE=1
+ruff check .
+ruff format --check .
 KERAS_BACKEND=tensorflow python -m pytest -q -p no:cacheprovider "$@"
 KERAS_BACKEND=jax python -m pytest -q -p no:cacheprovider -m multibackend "$@"
-KERAS_BACKEND=jax python -m pytest -q -p no:cacheprovider tests/test_as_speed.py "$@"
+KERAS_BACKEND=jax python -m pytest -q -p no:cacheprovider tests/test_as_speed.py tests/test_filters.py tests/test_accumulation.py "$@"
 KERAS_BACKEND=torch python -m pytest -q -p no:cacheprovider -m multibackend tests/test_losses.py tests/test_as_speed_backends.py "$@"

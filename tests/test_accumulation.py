@@ -9,7 +9,12 @@ from keras_as_softmax.training import accumulation
 def numpy(state):
     return [ops.convert_to_numpy(t) for t in state.grad_sum], [
         float(ops.convert_to_numpy(t))
-        for t in (state.micro_batches, state.rows, state.masked_rows, state.steps)
+        for t in (
+            state.micro_batches,
+            state.rows,
+            state.masked_rows,
+            state.steps,
+        )
     ]
 
 

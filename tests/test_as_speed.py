@@ -12,7 +12,8 @@ from keras_as_softmax.training.accumulation import next_accumulation_steps
 from tests.backend_utils import BACKEND
 
 pytestmark = pytest.mark.skipif(
-    BACKEND not in ("tensorflow", "jax"), reason="ASSpeed runs on tensorflow and jax"
+    BACKEND not in ("tensorflow", "jax"),
+    reason="ASSpeed runs on tensorflow and jax",
 )
 
 JIT = BACKEND == "tensorflow"  # TF: XLA; JAX always compiles with XLA.
@@ -34,7 +35,10 @@ def data(n=64, num_classes=4, seed=0):
 
 
 def max_weight_diff(a, b):
-    return max(float(np.abs(u - v).max()) for u, v in zip(a.get_weights(), b.get_weights()))
+    return max(
+        float(np.abs(u - v).max())
+        for u, v in zip(a.get_weights(), b.get_weights())
+    )
 
 
 class StepLog(keras.callbacks.Callback):
@@ -54,7 +58,9 @@ def simulate(ratios, lam, max_steps, batches_per_window_counts):
     """Pure-Python eq. 19 with the three restrictions, one window at a time."""
     steps, out = 1, []
     for n_all, n_masked in batches_per_window_counts:
-        proposal = max(1, int(np.floor(lam * n_all / max(n_all - n_masked, 1e-9) + 0.5)))
+        proposal = max(
+            1, int(np.floor(lam * n_all / max(n_all - n_masked, 1e-9) + 0.5))
+        )
         if n_all > 0 and proposal > steps and steps < max_steps:
             steps += 1
         out.append(steps)
@@ -63,16 +69,31 @@ def simulate(ratios, lam, max_steps, batches_per_window_counts):
 
 def test_rule_follows_eq19_with_restrictions():
     # (N_all, N_masked) per window: the proposal jumps, stalls and falls.
-    windows = [(32, 0), (32, 16), (32, 30), (32, 31), (32, 0), (0, 0), (32, 32), (32, 32)]
+    windows = [
+        (32, 0),
+        (32, 16),
+        (32, 30),
+        (32, 31),
+        (32, 0),
+        (0, 0),
+        (32, 32),
+        (32, 32),
+    ]
     steps = ops.convert_to_tensor(1, "int32")
     got = []
     for n_all, n_masked in windows:
-        steps = next_accumulation_steps(steps, n_all, n_masked, lam=0.5, max_steps=5)
+        steps = next_accumulation_steps(
+            steps, n_all, n_masked, lam=0.5, max_steps=5
+        )
         got.append(int(ops.convert_to_numpy(steps)))
-    # lam * ratio: 0.5 (->1), 1, 8, 16, 0.5, -, inf, inf: grow by one, never shrink, cap 5.
+    # lam * ratio: 0.5 (->1), 1, 8, 16, 0.5, -, inf, inf: grow by one,
+    # never shrink, cap 5.
     assert got == [1, 1, 2, 3, 3, 3, 4, 5]
     assert got == simulate(None, 0.5, 5, windows)
-    assert int(ops.convert_to_numpy(next_accumulation_steps(1, 10, 0, 1.5, 4))) == 2
+    assert (
+        int(ops.convert_to_numpy(next_accumulation_steps(1, 10, 0, 1.5, 4)))
+        == 2
+    )
 
 
 class ScriptedLoss(keras.losses.Loss):
@@ -88,7 +109,28 @@ class ScriptedLoss(keras.losses.Loss):
 
 def test_steps_follow_the_rule_in_training():
     # Each micro-batch of 8 rows carries a scripted number of masked rows.
-    masked_per_batch = [0, 4, 6, 7, 7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8]
+    masked_per_batch = [
+        0,
+        4,
+        6,
+        7,
+        7,
+        8,
+        8,
+        8,
+        8,
+        8,
+        8,
+        8,
+        8,
+        8,
+        8,
+        8,
+        8,
+        8,
+        8,
+        8,
+    ]
     x, labels = data(8 * len(masked_per_batch))
     flags = np.zeros(len(x))
     for b, m in enumerate(masked_per_batch):
@@ -104,16 +146,24 @@ def test_steps_follow_the_rule_in_training():
         window.append(m)
         if len(window) >= steps:
             n_all, n_masked = 8 * len(window), sum(window)
-            steps = simulate(None, 1.0, 4, [(n_all, n_masked)])[0] if steps == 1 else (
-                steps + 1
-                if steps < 4 and np.floor(n_all / max(n_all - n_masked, 1e-9) + 0.5) > steps
-                else steps
+            steps = (
+                simulate(None, 1.0, 4, [(n_all, n_masked)])[0]
+                if steps == 1
+                else (
+                    steps + 1
+                    if steps < 4
+                    and np.floor(n_all / max(n_all - n_masked, 1e-9) + 0.5)
+                    > steps
+                    else steps
+                )
             )
             window = []
         expected.append(steps)
     assert log.steps == expected
     assert model.accumulation_steps == expected[-1]
-    np.testing.assert_allclose(log.ratios[-1], sum(masked_per_batch) / len(x), rtol=1e-6)
+    np.testing.assert_allclose(
+        log.ratios[-1], sum(masked_per_batch) / len(x), rtol=1e-6
+    )
 
 
 # ------------------------------------------------------------ equivalence
@@ -125,7 +175,9 @@ def test_k_micro_batches_equal_one_big_batch(optimizer, k):
     x, y = data(64)
     big = make_model()
     start = big.get_weights()
-    big.compile(optimizer=keras.optimizers.get(optimizer), loss=kas.ASSoftmaxLoss(0.3))
+    big.compile(
+        optimizer=keras.optimizers.get(optimizer), loss=kas.ASSoftmaxLoss(0.3)
+    )
     big.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
 
     inner = make_model()
@@ -133,7 +185,9 @@ def test_k_micro_batches_equal_one_big_batch(optimizer, k):
     wrapped = kas.ASSpeed(inner, lam=0.5, max_steps=k)
     wrapped.accumulation_steps = k
     wrapped.compile(
-        optimizer=keras.optimizers.get(optimizer), loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT
+        optimizer=keras.optimizers.get(optimizer),
+        loss=kas.ASSoftmaxLoss(0.3),
+        jit_compile=JIT,
     )
     wrapped.fit(x, y, batch_size=16 // k, epochs=2, shuffle=False, verbose=0)
     assert max_weight_diff(big, inner) < 1e-5
@@ -145,12 +199,16 @@ def test_learning_rate_schedule_counts_updates():
     # lr 0.1 for updates 0-1, then 0: a schedule that counted micro-batches
     # would stop learning after the first window.
     def schedule():
-        return keras.optimizers.schedules.PiecewiseConstantDecay([1], [0.1, 0.0])
+        return keras.optimizers.schedules.PiecewiseConstantDecay(
+            [1], [0.1, 0.0]
+        )
 
     x, y = data(48)
     big = make_model()
     start = big.get_weights()
-    big.compile(optimizer=keras.optimizers.SGD(schedule()), loss=kas.ASSoftmaxLoss(1.0))
+    big.compile(
+        optimizer=keras.optimizers.SGD(schedule()), loss=kas.ASSoftmaxLoss(1.0)
+    )
     big.fit(x, y, batch_size=12, shuffle=False, verbose=0)
 
     inner = make_model()
@@ -158,7 +216,9 @@ def test_learning_rate_schedule_counts_updates():
     wrapped = kas.ASSpeed(inner, lam=0.5, max_steps=3)
     wrapped.accumulation_steps = 3
     wrapped.compile(
-        optimizer=keras.optimizers.SGD(schedule()), loss=kas.ASSoftmaxLoss(1.0), jit_compile=JIT
+        optimizer=keras.optimizers.SGD(schedule()),
+        loss=kas.ASSoftmaxLoss(1.0),
+        jit_compile=JIT,
     )
     wrapped.fit(x, y, batch_size=4, shuffle=False, verbose=0)
     assert max_weight_diff(big, inner) < 1e-6
@@ -169,7 +229,9 @@ def max_weight_diff_arrays(a, b):
     return max(float(np.abs(u - v).max()) for u, v in zip(a, b))
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="eager execution shows skipped branches")
+@pytest.mark.skipif(
+    BACKEND != "tensorflow", reason="eager execution shows skipped branches"
+)
 def test_optimizer_update_is_not_run_between_window_ends():
     calls = []
 
@@ -182,7 +244,9 @@ def test_optimizer_update_is_not_run_between_window_ends():
     inner = make_model()
     wrapped = kas.ASSpeed(inner, lam=0.5, max_steps=4)
     wrapped.accumulation_steps = 4
-    wrapped.compile(optimizer=CountingSGD(), loss=kas.ASSoftmaxLoss(), run_eagerly=True)
+    wrapped.compile(
+        optimizer=CountingSGD(), loss=kas.ASSoftmaxLoss(), run_eagerly=True
+    )
     wrapped.fit(x, y, batch_size=4, shuffle=False, verbose=0)
     # 8 micro-batches, 2 updates, 4 variables per update.
     assert len(calls) == 2 * len(inner.trainable_variables)
@@ -198,7 +262,9 @@ def test_resume_mid_window_with_backup_and_restore(tmp_path):
     def fresh():
         wrapped = kas.ASSpeed(make_model(), lam=0.5, max_steps=2)
         wrapped.accumulation_steps = 2
-        wrapped.compile(optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT)
+        wrapped.compile(
+            optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT
+        )
         return wrapped
 
     reference = fresh()
@@ -216,10 +282,24 @@ def test_resume_mid_window_with_backup_and_restore(tmp_path):
     resumed = fresh()
     with pytest.raises(RuntimeError, match="interrupted"):
         resumed.fit(
-            x, y, batch_size=4, epochs=3, shuffle=False, verbose=0, callbacks=[backup, Interrupt()]
+            x,
+            y,
+            batch_size=4,
+            epochs=3,
+            shuffle=False,
+            verbose=0,
+            callbacks=[backup, Interrupt()],
         )
     resumed = fresh()  # a new process would start from scratch like this
-    resumed.fit(x, y, batch_size=4, epochs=3, shuffle=False, verbose=0, callbacks=[backup])
+    resumed.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=3,
+        shuffle=False,
+        verbose=0,
+        callbacks=[backup],
+    )
     assert max_weight_diff(reference, resumed) < 1e-6
     assert resumed.accumulation_steps == reference.accumulation_steps
 
@@ -228,7 +308,9 @@ def test_keras_file_keeps_wrapper_and_counters(tmp_path):
     x, y = data(40)
     wrapped = kas.ASSpeed(make_model(), lam=3.0, max_steps=3, name="as_speed")
     loss = kas.ASSoftmaxLoss(0.3)
-    wrapped.compile(optimizer="adam", loss=loss, metrics=["accuracy"], jit_compile=JIT)
+    wrapped.compile(
+        optimizer="adam", loss=loss, metrics=["accuracy"], jit_compile=JIT
+    )
     wrapped.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
     assert wrapped.accumulation_steps == 3
     path = str(tmp_path / "wrapped.keras")
@@ -236,11 +318,20 @@ def test_keras_file_keeps_wrapper_and_counters(tmp_path):
 
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded, kas.ASSpeed)
-    assert (loaded.lam, loaded.max_steps, loaded.accumulation_steps) == (3.0, 3, 3)
+    assert (loaded.lam, loaded.max_steps, loaded.accumulation_steps) == (
+        3.0,
+        3,
+        3,
+    )
     for a, b in zip(wrapped.weights, loaded.weights):
-        np.testing.assert_array_equal(ops.convert_to_numpy(a), ops.convert_to_numpy(b))
+        np.testing.assert_array_equal(
+            ops.convert_to_numpy(a), ops.convert_to_numpy(b)
+        )
     np.testing.assert_allclose(
-        loaded.predict(x, verbose=0), wrapped.predict(x, verbose=0), rtol=1e-5, atol=1e-6
+        loaded.predict(x, verbose=0),
+        wrapped.predict(x, verbose=0),
+        rtol=1e-5,
+        atol=1e-6,
     )
     before = wrapped.evaluate(x, y, verbose=0, return_dict=True)
     after = loaded.evaluate(x, y, verbose=0, return_dict=True)
@@ -271,9 +362,13 @@ def test_mixed_precision_trains_without_nan(policy):
     keras.config.set_dtype_policy(policy)
     x, y = data(64)
     wrapped = kas.ASSpeed(make_model(), lam=1.5, max_steps=3)
-    wrapped.compile(optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT)
+    wrapped.compile(
+        optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT
+    )
     if policy == "mixed_float16":
-        assert isinstance(wrapped.optimizer, keras.optimizers.LossScaleOptimizer)
+        assert isinstance(
+            wrapped.optimizer, keras.optimizers.LossScaleOptimizer
+        )
     history = wrapped.fit(x, y, batch_size=8, epochs=3, verbose=0)
     assert np.all(np.isfinite(history.history["loss"]))
     assert all(np.all(np.isfinite(w)) for w in wrapped.get_weights())
@@ -293,12 +388,26 @@ def test_batch_normalization_updates_statistics_every_micro_batch():
     inner.set_weights(start)
     wrapped = kas.ASSpeed(inner, lam=0.5, max_steps=4)
     wrapped.accumulation_steps = 4
-    wrapped.compile(optimizer=keras.optimizers.SGD(0.0), loss=kas.ASSoftmaxLoss(), jit_compile=JIT)
+    wrapped.compile(
+        optimizer=keras.optimizers.SGD(0.0),
+        loss=kas.ASSoftmaxLoss(),
+        jit_compile=JIT,
+    )
     wrapped.fit(x, y, batch_size=4, shuffle=False, verbose=0)
-    bn_plain = [l for l in plain.layers if isinstance(l, keras.layers.BatchNormalization)][0]
-    bn_inner = [l for l in inner.layers if isinstance(l, keras.layers.BatchNormalization)][0]
+    bn_plain = [
+        layer
+        for layer in plain.layers
+        if isinstance(layer, keras.layers.BatchNormalization)
+    ][0]
+    bn_inner = [
+        layer
+        for layer in inner.layers
+        if isinstance(layer, keras.layers.BatchNormalization)
+    ][0]
     np.testing.assert_allclose(
-        ops.convert_to_numpy(bn_inner.moving_mean), ops.convert_to_numpy(bn_plain.moving_mean), rtol=1e-5
+        ops.convert_to_numpy(bn_inner.moving_mean),
+        ops.convert_to_numpy(bn_plain.moving_mean),
+        rtol=1e-5,
     )
     np.testing.assert_allclose(
         ops.convert_to_numpy(bn_inner.moving_variance),
@@ -319,13 +428,21 @@ def test_token_classification_counts_only_real_tokens():
     loss = kas.ASSoftmaxLoss(0.3, ignore_class=-1)
     wrapped = kas.ASSpeed(model, lam=0.5, max_steps=2)
     # A zero learning rate keeps the weights, so the counts can be recomputed.
-    wrapped.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss, jit_compile=JIT)
-    history = wrapped.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
-    values = ops.convert_to_numpy(loss.call(ops.convert_to_tensor(y, "float32"), model(x)))
+    wrapped.compile(
+        optimizer=keras.optimizers.SGD(0.0), loss=loss, jit_compile=JIT
+    )
+    history = wrapped.fit(
+        x, y, batch_size=8, epochs=1, shuffle=False, verbose=0
+    )
+    values = ops.convert_to_numpy(
+        loss.call(ops.convert_to_tensor(y, "float32"), model(x))
+    )
     real = y != -1
     expected = float(np.sum((values == 0) & real) / np.sum(real))
     assert 0.0 < expected < 1.0
-    np.testing.assert_allclose(history.history["masked_ratio"][0], expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        history.history["masked_ratio"][0], expected, rtol=1e-6
+    )
 
 
 def test_bad_arguments():
@@ -345,24 +462,45 @@ def test_bad_arguments():
 
 def test_keras_hub_task_fed_raw_strings():
     keras_hub = pytest.importorskip("keras_hub")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "dog", "sat", "ran"]
+    vocab = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        "the",
+        "cat",
+        "dog",
+        "sat",
+        "ran",
+    ]
     tokenizer = keras_hub.models.BertTokenizer(vocabulary=vocab)
-    preprocessor = keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=8)
+    preprocessor = keras_hub.models.BertTextClassifierPreprocessor(
+        tokenizer, sequence_length=8
+    )
     backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=len(vocab), num_layers=1, num_heads=2, hidden_dim=8,
-        intermediate_dim=16, max_sequence_length=8,
+        vocabulary_size=len(vocab),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=8,
     )
     task = keras_hub.models.BertTextClassifier(
         backbone, num_classes=2, preprocessor=preprocessor, activation=None
     )
     wrapped = kas.ASSpeed(task, lam=0.5, max_steps=2)
-    wrapped.compile(optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT)
+    wrapped.compile(
+        optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT
+    )
     texts = np.array(["the cat sat", "the dog ran", "cat ran", "dog sat"] * 4)
     labels = np.array([0, 1, 0, 1] * 4)
     history = wrapped.fit(texts, labels, batch_size=4, epochs=2, verbose=0)
     assert np.all(np.isfinite(history.history["loss"]))
     assert wrapped.predict(texts, batch_size=4, verbose=0).shape == (16, 2)
-    assert "loss" in wrapped.evaluate(texts, labels, batch_size=4, verbose=0, return_dict=True)
+    assert "loss" in wrapped.evaluate(
+        texts, labels, batch_size=4, verbose=0, return_dict=True
+    )
 
 
 def test_delta_warmup_switches_inside_compiled_training():
@@ -370,18 +508,28 @@ def test_delta_warmup_switches_inside_compiled_training():
     loss = kas.ASSoftmaxLoss(0.3)
     model = make_model()
     model.compile(
-        optimizer=keras.optimizers.Adam(0.05), loss=loss, metrics=[kas.MaskedRatio(loss)],
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=loss,
+        metrics=[kas.MaskedRatio(loss)],
         jit_compile=JIT,
     )
     ratios = []
     cb = keras.callbacks.LambdaCallback(
-        on_train_batch_end=lambda b, logs: ratios.append(float(logs["masked_ratio"]))
+        on_train_batch_end=lambda b, logs: ratios.append(
+            float(logs["masked_ratio"])
+        )
     )
     model.fit(
-        x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+        x,
+        y,
+        batch_size=8,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
         callbacks=[kas.DeltaWarmup(warmup_ratio=0.5), cb],
     )
-    # delta = 1 masks nothing during the first half, then delta = 0.3 masks rows.
+    # delta = 1 masks nothing during the first half, then delta = 0.3
+    # masks rows.
     assert ratios[:8] == [0.0] * 8
     assert ratios[-1] > 0.0
     assert float(ops.convert_to_numpy(loss.delta)) == pytest.approx(0.3)
@@ -400,27 +548,46 @@ def build(strategy):
         keras.utils.set_random_seed(1)
         inputs = keras.Input((6,))
         hidden = keras.layers.Dense(8, activation="relu")(inputs)
-        model = kas.ASSpeed(keras.Model(inputs, keras.layers.Dense(4)(hidden)), lam=3.0, max_steps=3)
-        model.compile(optimizer=keras.optimizers.Adam(0.02), loss=kas.ASSoftmaxLoss(0.3))
+        model = kas.ASSpeed(
+            keras.Model(inputs, keras.layers.Dense(4)(hidden)),
+            lam=3.0,
+            max_steps=3,
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.02),
+            loss=kas.ASSoftmaxLoss(0.3),
+        )
     steps = []
     log = keras.callbacks.LambdaCallback(
-        on_train_batch_end=lambda b, logs: steps.append(int(logs["accum_steps"])))
+        on_train_batch_end=lambda b, logs: steps.append(
+            int(logs["accum_steps"])
+        ))
     return model, steps, log
 """
 
-MIRRORED_SCRIPT = """
+MIRRORED_SCRIPT = (
+    """
 import json, os
 os.environ["KERAS_BACKEND"] = "tensorflow"
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
 import numpy as np, keras, keras_as_softmax as kas
 
-""" + DISTRIBUTED_SETUP + """
+"""
+    + DISTRIBUTED_SETUP
+    + """
 def train(strategy):
     model, steps, log = build(strategy)
     history = model.fit(data, epochs=3, verbose=0, callbacks=[log])
-    per_replica = [int(v.numpy()) for v in strategy.experimental_local_results(model._accumulation.steps.value)]
+    per_replica = [
+        int(v.numpy())
+        for v in strategy.experimental_local_results(
+            model._accumulation.steps.value
+        )
+    ]
     return model, steps, history.history, per_replica
 
 single, single_steps, single_hist, _ = train(tf.distribute.get_strategy())
@@ -430,8 +597,12 @@ mirrored, mirrored_steps, mirrored_hist, per_replica = train(strategy)
 def one_device_error(**kwargs):
     with strategy.scope():
         inputs = keras.Input((6,))
-        model = kas.ASSpeed(keras.Model(inputs, keras.layers.Dense(4)(inputs)), **kwargs)
-        model.compile(optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=False)
+        model = kas.ASSpeed(
+            keras.Model(inputs, keras.layers.Dense(4)(inputs)), **kwargs
+        )
+        model.compile(
+            optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=False
+        )
     try:
         model.fit(data, epochs=1, verbose=0)
     except ValueError as error:
@@ -440,12 +611,21 @@ def one_device_error(**kwargs):
 print(json.dumps({
     "errors": [one_device_error(sample_filter=kas.filters.SkipMasked()),
                one_device_error(sample_filter=kas.filters.SkipMaskedLastSeen(96))],
-    "diff": max(float(np.abs(a - b).max()) for a, b in zip(single.get_weights(), mirrored.get_weights())),
-    "single_steps": single_steps, "mirrored_steps": mirrored_steps, "per_replica": per_replica,
-    "updates": [int(keras.ops.convert_to_numpy(m.optimizer.iterations)) for m in (single, mirrored)],
+    "diff": max(
+        float(np.abs(a - b).max())
+        for a, b in zip(single.get_weights(), mirrored.get_weights())
+    ),
+    "single_steps": single_steps,
+    "mirrored_steps": mirrored_steps,
+    "per_replica": per_replica,
+    "updates": [
+        int(keras.ops.convert_to_numpy(m.optimizer.iterations))
+        for m in (single, mirrored)
+    ],
     "masked": [single_hist["masked_ratio"], mirrored_hist["masked_ratio"]],
 }))
 """
+)
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute")
@@ -455,7 +635,10 @@ def test_mirrored_strategy_matches_single_device():
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-c", MIRRORED_SCRIPT], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", MIRRORED_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -467,17 +650,24 @@ def test_mirrored_strategy_matches_single_device():
     np.testing.assert_allclose(result["masked"][0], result["masked"][1])
     # The levers that drop samples inside a step refuse several replicas.
     for error in result["errors"]:
-        assert error is not None and "one replica" in error and "2 replicas" in error
+        assert (
+            error is not None
+            and "one replica" in error
+            and "2 replicas" in error
+        )
 
 
 # One process of a two-worker MultiWorkerMirroredStrategy cluster on
 # 127.0.0.1 (argv: worker index and the two ports), or the single-device
 # reference (argv: "single"). Global batch 8: each worker trains on 4.
-MULTI_WORKER_SCRIPT = """
+MULTI_WORKER_SCRIPT = (
+    """
 import json, os, sys
 if sys.argv[1] != "single":
     os.environ["TF_CONFIG"] = json.dumps({
-        "cluster": {"worker": [f"127.0.0.1:{p}" for p in sys.argv[2].split(",")]},
+        "cluster": {
+            "worker": [f"127.0.0.1:{p}" for p in sys.argv[2].split(",")]
+        },
         "task": {"type": "worker", "index": int(sys.argv[1])},
     })
 os.environ["KERAS_BACKEND"] = "tensorflow"
@@ -488,9 +678,13 @@ if sys.argv[1] == "single":
     strategy = tf.distribute.get_strategy()
 else:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-""" + DISTRIBUTED_SETUP + """
+"""
+    + DISTRIBUTED_SETUP
+    + """
 model, steps, log = build(strategy)
-history = model.fit(data, validation_data=data, epochs=3, verbose=0, callbacks=[log])
+history = model.fit(
+    data, validation_data=data, epochs=3, verbose=0, callbacks=[log]
+)
 first = next(iter(strategy.experimental_distribute_dataset(data)))[0]
 print(json.dumps({
     "replicas": strategy.num_replicas_in_sync,
@@ -502,6 +696,7 @@ print(json.dumps({
     "val_loss": history.history["val_loss"],
 }))
 """
+)
 
 
 def _free_ports(n):
@@ -527,7 +722,10 @@ def test_multi_worker_mirrored_strategy_matches_single_device():
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", MULTI_WORKER_SCRIPT, *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         for args in (["single"], ["0", ports], ["1", ports])
     ]
@@ -549,6 +747,10 @@ def test_multi_worker_mirrored_strategy_matches_single_device():
         # Every worker took the same decisions as one device.
         assert worker["steps"] == single["steps"]
         assert worker["updates"] == single["updates"] < 36
-        np.testing.assert_allclose(worker["masked"], single["masked"], rtol=1e-6)
-        np.testing.assert_allclose(worker["val_loss"], single["val_loss"], rtol=1e-5)
+        np.testing.assert_allclose(
+            worker["masked"], single["masked"], rtol=1e-6
+        )
+        np.testing.assert_allclose(
+            worker["val_loss"], single["val_loss"], rtol=1e-5
+        )
     assert max(single["steps"]) == 3  # the steps really moved

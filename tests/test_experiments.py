@@ -13,8 +13,8 @@ keras_hub = pytest.importorskip("keras_hub")
 import as_softmax_lab as lab  # noqa: E402
 from as_softmax_lab import datasets  # noqa: E402
 from keras_as_softmax import ASSpeed  # noqa: E402
-from keras_as_softmax import filters  # noqa: E402
 from keras_as_softmax import MultiLabelCategoricalCrossentropy  # noqa: E402
+from keras_as_softmax import filters  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = {"train": 64, "validation": 16, "test": 16}

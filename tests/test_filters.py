@@ -14,7 +14,8 @@ from keras_as_softmax.training import _queue
 from tests.backend_utils import BACKEND
 
 pytestmark = pytest.mark.skipif(
-    BACKEND not in ("tensorflow", "jax"), reason="ASSpeed runs on tensorflow and jax"
+    BACKEND not in ("tensorflow", "jax"),
+    reason="ASSpeed runs on tensorflow and jax",
 )
 
 JIT = [True, False] if BACKEND == "tensorflow" else [True]
@@ -26,10 +27,16 @@ NUM_CLASSES = 4
 
 def test_queue_appends_kept_rows_in_order_and_pops_the_front():
     queue = _queue.RowQueue([np.zeros((8,), "int32")], np.int32(0))
-    queue = _queue.push(queue, [np.arange(4, dtype="int32")], np.array([1, 0, 1, 1], bool))
-    queue = _queue.push(queue, [np.arange(10, 14, dtype="int32")], np.array([0, 1, 0, 1], bool))
+    queue = _queue.push(
+        queue, [np.arange(4, dtype="int32")], np.array([1, 0, 1, 1], bool)
+    )
+    queue = _queue.push(
+        queue, [np.arange(10, 14, dtype="int32")], np.array([0, 1, 0, 1], bool)
+    )
     assert int(queue.count) == 5
-    np.testing.assert_array_equal(ops.convert_to_numpy(queue.buffers[0])[:5], [0, 2, 3, 11, 13])
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(queue.buffers[0])[:5], [0, 2, 3, 11, 13]
+    )
     rows, queue = _queue.pop(queue, 4)
     np.testing.assert_array_equal(ops.convert_to_numpy(rows[0]), [0, 2, 3, 11])
     assert int(queue.count) == 1
@@ -53,7 +60,11 @@ class RecordingHooks:
         pass
 
     def cond(self, pred, true_fn, false_fn, operands):
-        return true_fn(operands) if bool(ops.convert_to_numpy(pred)) else false_fn(operands)
+        return (
+            true_fn(operands)
+            if bool(ops.convert_to_numpy(pred))
+            else false_fn(operands)
+        )
 
     def zero_grads(self):
         return [np.zeros(1, "float32")]
@@ -80,8 +91,14 @@ def run_pipeline(sample_filter, easy, n=32, batch=4, epochs=3):
     sample_filter = filters.as_list(sample_filter)
     last_seen = next((f for f in sample_filter if f.needs_sample_ids), None)
     skip = next((f for f in sample_filter if f.scores), None)
-    leaves = [((1,), "float32"), ((), "float32"), ((), "float32"), ((), "float32"),
-              ((), "int32"), ((), "float32")]
+    leaves = [
+        ((1,), "float32"),
+        ((), "float32"),
+        ((), "float32"),
+        ((), "float32"),
+        ((), "int32"),
+        ((), "float32"),
+    ]
 
     def queue():
         return _queue.RowQueue(
@@ -114,8 +131,14 @@ def run_pipeline(sample_filter, easy, n=32, batch=4, epochs=3):
             x = ids[:, None].astype("float32")
             y = np.zeros(batch, "float32")
             output, state = _filtering.filtered_step(
-                model, state, x, y, None, ids.astype("int32"),
-                rng.uniform(size=batch).astype("float32"), hooks,
+                model,
+                state,
+                x,
+                y,
+                None,
+                ids.astype("int32"),
+                rng.uniform(size=batch).astype("float32"),
+                hooks,
             )
         per_epoch.append(hooks.trained[start:])
     return hooks, per_epoch, state
@@ -156,13 +179,25 @@ def test_revisited_samples_are_weighted_by_the_inverse_probability():
     f = filters.SkipMaskedLastSeen(100, revisit=0.25, max_skipped_fraction=1.0)
     was = np.array([True, True, False, True])
     keep, weight = f.select(was, np.array([0.1, 0.9, 0.9, 0.2], "float32"))
-    np.testing.assert_array_equal(ops.convert_to_numpy(keep), [True, False, True, True])
-    np.testing.assert_allclose(ops.convert_to_numpy(weight), [4.0, 1.0, 1.0, 4.0])
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(keep), [True, False, True, True]
+    )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(weight), [4.0, 1.0, 1.0, 4.0]
+    )
     # The cap: at most half left out, so the revisit probability rises to 1/2.
-    capped = filters.SkipMaskedLastSeen(100, revisit=0.25, max_skipped_fraction=0.5)
-    keep, weight = capped.select(np.ones(4, bool), np.array([0.1, 0.4, 0.6, 0.9], "float32"))
-    np.testing.assert_array_equal(ops.convert_to_numpy(keep), [True, True, False, False])
-    np.testing.assert_allclose(ops.convert_to_numpy(weight), [2.0, 2.0, 1.0, 1.0])
+    capped = filters.SkipMaskedLastSeen(
+        100, revisit=0.25, max_skipped_fraction=0.5
+    )
+    keep, weight = capped.select(
+        np.ones(4, bool), np.array([0.1, 0.4, 0.6, 0.9], "float32")
+    )
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(keep), [True, True, False, False]
+    )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(weight), [2.0, 2.0, 1.0, 1.0]
+    )
 
 
 def test_schedule_warms_up_and_anneals():
@@ -177,7 +212,9 @@ def test_schedule_warms_up_and_anneals():
 def identity_model():
     """Logits = inputs @ W with W = I at first, so the data picks the masks."""
     inputs = keras.Input((NUM_CLASSES,))
-    outputs = keras.layers.Dense(NUM_CLASSES, kernel_initializer="identity")(inputs)
+    outputs = keras.layers.Dense(NUM_CLASSES, kernel_initializer="identity")(
+        inputs
+    )
     return keras.Model(inputs, outputs)
 
 
@@ -195,12 +232,24 @@ def two_batches(seed=0):
 def fit_window(sample_filter, jit_compile):
     x, y, weights = two_batches()
     model = identity_model()
-    wrapped = kas.ASSpeed(model, lam=0.5, max_steps=2, sample_filter=sample_filter)
+    wrapped = kas.ASSpeed(
+        model, lam=0.5, max_steps=2, sample_filter=sample_filter
+    )
     wrapped.accumulation_steps = 2
-    wrapped.compile(optimizer=keras.optimizers.SGD(0.5), loss=kas.ASSoftmaxLoss(0.3),
-                    jit_compile=jit_compile)
-    history = wrapped.fit(x, y, sample_weight=weights, batch_size=4, epochs=1,
-                          shuffle=False, verbose=0)
+    wrapped.compile(
+        optimizer=keras.optimizers.SGD(0.5),
+        loss=kas.ASSoftmaxLoss(0.3),
+        jit_compile=jit_compile,
+    )
+    history = wrapped.fit(
+        x,
+        y,
+        sample_weight=weights,
+        batch_size=4,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+    )
     return model, history.history
 
 
@@ -210,20 +259,28 @@ def test_skip_masked_gives_the_plain_update(jit_compile):
     pass on the four, with their batches' coefficients, equals the plain
     accumulated update."""
     plain, plain_logs = fit_window(None, jit_compile)
-    skip, skip_logs = fit_window(filters.SkipMasked(0.0, warmup_epochs=0), jit_compile)
+    skip, skip_logs = fit_window(
+        filters.SkipMasked(0.0, warmup_epochs=0), jit_compile
+    )
     assert not np.allclose(plain.get_weights()[0], np.eye(NUM_CLASSES))
     for a, b in zip(plain.get_weights(), skip.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert skip_logs["trained_fraction"][0] == 0.5
-    np.testing.assert_allclose(skip_logs["masked_ratio"][0], plain_logs["masked_ratio"][0])
+    np.testing.assert_allclose(
+        skip_logs["masked_ratio"][0], plain_logs["masked_ratio"][0]
+    )
 
 
 def test_low_masked_share_takes_plain_steps():
     x, y, _ = two_batches()
     x = 0.01 * x  # nothing is masked
     model = identity_model()
-    wrapped = kas.ASSpeed(model, sample_filter=filters.SkipMasked(warmup_epochs=0))
-    wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT[0])
+    wrapped = kas.ASSpeed(
+        model, sample_filter=filters.SkipMasked(warmup_epochs=0)
+    )
+    wrapped.compile(
+        optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT[0]
+    )
     logs = wrapped.fit(x, y, batch_size=4, epochs=2, verbose=0).history
     # No scoring pass, and one training pass per drawn batch, as a plain step.
     assert logs["trained_fraction"] == [1.0, 1.0]
@@ -247,11 +304,18 @@ def small_model(seed=1):
 def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
     x, y = sentence_data()
     f = filters.SkipMaskedLastSeen(64, revisit=0.3, seed=1)
-    wrapped = kas.ASSpeed(small_model(), sample_filter=[f, filters.SkipMasked()])
-    wrapped.compile(optimizer=keras.optimizers.Adam(0.03), loss=kas.ASSoftmaxLoss(0.3),
-                    metrics=["accuracy"], jit_compile=jit_compile)
-    logs = wrapped.fit(filters.with_sample_ids(x), y, batch_size=8, epochs=6,
-                       verbose=0).history
+    wrapped = kas.ASSpeed(
+        small_model(), sample_filter=[f, filters.SkipMasked()]
+    )
+    wrapped.compile(
+        optimizer=keras.optimizers.Adam(0.03),
+        loss=kas.ASSoftmaxLoss(0.3),
+        metrics=["accuracy"],
+        jit_compile=jit_compile,
+    )
+    logs = wrapped.fit(
+        filters.with_sample_ids(x), y, batch_size=8, epochs=6, verbose=0
+    ).history
     assert logs["trained_fraction"][0] == 1.0  # the first epoch trains on all
     assert min(logs["trained_fraction"][1:]) < 1.0
     memory = ops.convert_to_numpy(wrapped._memory)
@@ -260,11 +324,17 @@ def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
     wrapped.save(path)
     loaded = keras.saving.load_model(path)
     assert [type(g) for g in loaded.sample_filters] == [
-        filters.SkipMaskedLastSeen, filters.SkipMasked]
+        filters.SkipMaskedLastSeen,
+        filters.SkipMasked,
+    ]
     assert loaded.sample_filters[0].get_config() == f.get_config()
     np.testing.assert_array_equal(ops.convert_to_numpy(loaded._memory), memory)
-    np.testing.assert_allclose(loaded.predict(x, verbose=0), wrapped.predict(x, verbose=0),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0),
+        wrapped.predict(x, verbose=0),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     # Prediction and evaluation also take inputs with ids.
     loaded.evaluate(filters.with_sample_ids(x), y, verbose=0)
 
@@ -276,9 +346,14 @@ def test_token_rows_with_ignored_positions():
     y[:, 3:] = -1
     inputs = keras.Input((5, 6))
     model = keras.Model(inputs, keras.layers.Dense(NUM_CLASSES)(inputs))
-    wrapped = kas.ASSpeed(model, sample_filter=filters.SkipMasked(0.0, warmup_epochs=0))
-    wrapped.compile(optimizer=keras.optimizers.Adam(0.05),
-                    loss=kas.ASSoftmaxLoss(0.3, ignore_class=-1), jit_compile=JIT[0])
+    wrapped = kas.ASSpeed(
+        model, sample_filter=filters.SkipMasked(0.0, warmup_epochs=0)
+    )
+    wrapped.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=kas.ASSoftmaxLoss(0.3, ignore_class=-1),
+        jit_compile=JIT[0],
+    )
     logs = wrapped.fit(x, y, batch_size=8, epochs=8, verbose=0).history
     assert logs["masked_ratio"][-1] > 0.2
     assert logs["trained_fraction"][-1] < 1.0
@@ -296,16 +371,22 @@ def test_bad_input():
     with pytest.raises(ValueError, match="sample_filter"):
         kas.ASSpeed(small_model(), sample_filter="skip")
     with pytest.raises(ValueError, match="SkipMaskedLastSeen first"):
-        kas.ASSpeed(small_model(), sample_filter=[filters.SkipMasked(),
-                                                  filters.SkipMaskedLastSeen(4)])
+        kas.ASSpeed(
+            small_model(),
+            sample_filter=[filters.SkipMasked(), filters.SkipMaskedLastSeen(4)],
+        )
     x, y = sentence_data(32)
-    wrapped = kas.ASSpeed(small_model(), sample_filter=filters.SkipMaskedLastSeen(16))
+    wrapped = kas.ASSpeed(
+        small_model(), sample_filter=filters.SkipMaskedLastSeen(16)
+    )
     wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
     with pytest.raises(ValueError, match=r"\[0, 16\).*\[0, 31\]"):
         wrapped.fit(filters.with_sample_ids(x), y, batch_size=8, verbose=0)
     with pytest.raises(ValueError, match="sample_id"):
         wrapped.fit(x, y, batch_size=8, verbose=0)
     wrapped = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
-    wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3, reduction="mean"))
+    wrapped.compile(
+        optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3, reduction="mean")
+    )
     with pytest.raises(ValueError, match="reduction"):
         wrapped.fit(x, y, batch_size=8, verbose=0)

@@ -109,8 +109,10 @@ def row_coefficients(loss, y, sample_weight, row_shape):
     if sample_weight is not None:
         coefficients = coefficients * _to_rows(sample_weight, valid)
     if loss.reduction == "sum_over_batch_size":
-        denominator = ops.sum(valid) if loss.ignore_class is not None else (
-            ops.cast(ops.size(valid), "float32")
+        denominator = (
+            ops.sum(valid)
+            if loss.ignore_class is not None
+            else (ops.cast(ops.size(valid), "float32"))
         )
         coefficients = coefficients / ops.maximum(denominator, 1.0)
     return coefficients
@@ -224,7 +226,9 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         )
         count_all += ops.sum(valid * skipped)
         count_masked += ops.sum(valid * skipped)
-        queue = state.score_queue if skip_masked is not None else state.train_queue
+        queue = (
+            state.score_queue if skip_masked is not None else state.train_queue
+        )
         queue = _queue.push(queue, rows.flat(), keep)
         if skip_masked is None:
             state = state._replace(train_queue=queue)
@@ -232,7 +236,9 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         else:
             popped, rest = _queue.pop(queue, size)
             ready = queue.count >= size
-            state = state._replace(score_queue=_queue.select(ready, rest, queue))
+            state = state._replace(
+                score_queue=_queue.select(ready, rest, queue)
+            )
             rows = Rows.unflat(popped, n_x, n_y)
     else:
         ready = None
@@ -259,7 +265,10 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
             sample_masked = _sample_masked(counted, masked)
             if last_seen is not None:
                 memory = _record(
-                    memory, rows.ids, sample_masked, ops.ones_like(rows.counted) > 0
+                    memory,
+                    rows.ids,
+                    sample_masked,
+                    ops.ones_like(rows.counted) > 0,
                 )
             keep = sample_masked < 0.5
             return (

@@ -117,7 +117,12 @@ class ASSpeedTrainer:
             grads, loss_value = output.grads, output.loss
             loss_weight = output.trained
             rows, masked = output.rows, output.masked_rows
-            metric_args = (inputs, output.y, output.y_pred, output.metric_weight)
+            metric_args = (
+                inputs,
+                output.y,
+                output.y_pred,
+                output.metric_weight,
+            )
             trained = output.trained
         else:
             grad_fn = jax.value_and_grad(
@@ -172,12 +177,16 @@ class ASSpeedTrainer:
             lambda operands: operands,
             (list(trainable), list(optimizer_vars), window),
         )
-        for v, value in zip(window_variables, keras.tree.flatten(tuple(window))):
+        for v, value in zip(
+            window_variables, keras.tree.flatten(tuple(window))
+        ):
             non_trainable[index[id(v)]] = value
 
         metrics_mapping = list(zip(self.metrics_variables, metrics_vars))
         with keras.StatelessScope(state_mapping=metrics_mapping) as scope:
-            self._loss_tracker.update_state(loss_value, sample_weight=loss_weight)
+            self._loss_tracker.update_state(
+                loss_value, sample_weight=loss_weight
+            )
             logs = self._step_metrics(
                 *metric_args, counts=(masked, rows), trained=trained
             )

@@ -11,9 +11,10 @@ from keras_as_softmax.training import accumulation
 def is_multi_worker(strategy):
     """Whether `strategy` is a `MultiWorkerMirroredStrategy` spanning
     several workers."""
-    return isinstance(
-        strategy, tf.distribute.MultiWorkerMirroredStrategy
-    ) and strategy.extended._in_multi_worker_mode()
+    return (
+        isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        and strategy.extended._in_multi_worker_mode()
+    )
 
 
 def local_batch(iterator, strategy):
@@ -27,9 +28,11 @@ def local_batch(iterator, strategy):
     """
     for _, _, it in iterator:
         return tf.nest.map_structure(
-            lambda v: strategy.experimental_local_results(v)[0]
-            if isinstance(v, tf.distribute.DistributedValues)
-            else v,
+            lambda v: (
+                strategy.experimental_local_results(v)[0]
+                if isinstance(v, tf.distribute.DistributedValues)
+                else v
+            ),
             next(it),
         )
     return None
@@ -72,7 +75,9 @@ class _Hooks:
         pass
 
     def cond(self, pred, true_fn, false_fn, operands):
-        return tf.cond(pred, lambda: true_fn(operands), lambda: false_fn(operands))
+        return tf.cond(
+            pred, lambda: true_fn(operands), lambda: false_fn(operands)
+        )
 
     def zero_grads(self):
         return [tf.zeros_like(v) for v in self.model.trainable_variables]
@@ -136,7 +141,12 @@ class ASSpeedTrainer:
             self._assign_filter_state(filter_state)
             grads, loss = output.grads, output.loss
             rows, masked = output.rows, output.masked_rows
-            metric_args = (inputs, output.y, output.y_pred, output.metric_weight)
+            metric_args = (
+                inputs,
+                output.y,
+                output.y_pred,
+                output.metric_weight,
+            )
             trained = output.trained
             self._loss_tracker.update_state(loss, sample_weight=output.trained)
         else:
@@ -144,12 +154,17 @@ class ASSpeedTrainer:
                 y_pred = self(x, training=True)
                 # Divided by the number of replicas, like every Keras loss.
                 loss = self.compute_loss(
-                    x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                    x=x,
+                    y=y,
+                    y_pred=y_pred,
+                    sample_weight=sample_weight,
                     training=True,
                 )
                 scaled_loss = self.optimizer.scale_loss(loss)
             variables = self.trainable_variables
-            grads = _dense_grads(tape.gradient(scaled_loss, variables), variables)
+            grads = _dense_grads(
+                tape.gradient(scaled_loss, variables), variables
+            )
             counted, masked_flags, _ = _filtering.row_flags(
                 self.loss,
                 y,
@@ -165,7 +180,9 @@ class ASSpeedTrainer:
             )
         # Read after the forward pass, which builds a subclassed model.
         state = accumulation.AccumulationState(
-            *keras.tree.map_structure(lambda v: v.value, tuple(self._accumulation))
+            *keras.tree.map_structure(
+                lambda v: v.value, tuple(self._accumulation)
+            )
         )
         self._drawn.assign_add(1)
         context = tf.distribute.get_replica_context()

@@ -55,7 +55,9 @@ def init(variables, steps=1):
 def add(state, grads, rows, masked_rows):
     """Adds one micro-batch: its gradients and its row counts."""
     return AccumulationState(
-        grad_sum=[s + ops.cast(g, s.dtype) for s, g in zip(state.grad_sum, grads)],
+        grad_sum=[
+            s + ops.cast(g, s.dtype) for s, g in zip(state.grad_sum, grads)
+        ],
         micro_batches=state.micro_batches + 1,
         rows=state.rows + ops.cast(rows, "float32"),
         masked_rows=state.masked_rows + ops.cast(masked_rows, "float32"),
@@ -80,7 +82,9 @@ def finish_window(state, lam, max_steps, divisor=1):
         `(mean_grads, state)` with the sums and counts of `state` reset.
     """
     n = ops.cast(ops.maximum(state.micro_batches, 1) * divisor, "float32")
-    mean_grads = [ops.cast(s / ops.cast(n, s.dtype), s.dtype) for s in state.grad_sum]
+    mean_grads = [
+        ops.cast(s / ops.cast(n, s.dtype), s.dtype) for s in state.grad_sum
+    ]
     steps = next_accumulation_steps(
         state.steps, state.rows, state.masked_rows, lam, max_steps
     )

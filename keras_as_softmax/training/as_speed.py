@@ -335,7 +335,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "ASSpeed counts masked rows with the loss's per-row values, "
                 "so compile it with one keras.losses.Loss instance, such as "
                 "keras_as_softmax.ASSoftmaxLoss(0.3) (one output; models "
-                f"with several outputs are not supported). Received: loss={loss!r}"
+                "with several outputs are not supported). "
+                f"Received: loss={loss!r}"
             )
         if self.sample_filters and loss.reduction not in _FILTER_REDUCTIONS:
             raise ValueError(
@@ -419,7 +420,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             )[0]
         if self.sample_filters:
             self._prepare_filters(
-                x, y, sample_weight, batch_size, epochs, steps_per_epoch,
+                x,
+                y,
+                sample_weight,
+                batch_size,
+                epochs,
+                steps_per_epoch,
                 initial_epoch,
             )
         x, y, sample_weight = self._with_preprocessor(
@@ -440,7 +446,13 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         )
 
     def _prepare_filters(
-        self, x, y, sample_weight, batch_size, epochs, steps_per_epoch,
+        self,
+        x,
+        y,
+        sample_weight,
+        batch_size,
+        epochs,
+        steps_per_epoch,
         initial_epoch,
     ):
         """Checks the data against the filters and builds their state,
@@ -455,9 +467,14 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             )
         else:
             size = batch_size or 32
-            take = lambda t: None if t is None else (  # noqa: E731
-                keras.tree.map_structure(lambda a: np.asarray(a)[:size], t)
-            )
+
+            def take(t):
+                if t is None:
+                    return None
+                return keras.tree.map_structure(
+                    lambda a: np.asarray(a)[:size], t
+                )
+
             first_x, first_y, first_w = take(x), take(y), take(sample_weight)
         inputs, ids = filters_lib.split_sample_ids(first_x)
         last_seen = self._last_seen
@@ -534,10 +551,22 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     def _check_ids(x, is_dataset, num_samples):
         if is_dataset:
             ids = x.map(lambda x, *_: x[filters_lib.SAMPLE_ID_KEY])
-            high = int(ids.reduce(np.int64(-1), lambda a, b: np.maximum(
-                a, keras.ops.cast(keras.ops.max(b), "int64"))))
-            low = int(ids.reduce(np.int64(0), lambda a, b: np.minimum(
-                a, keras.ops.cast(keras.ops.min(b), "int64"))))
+            high = int(
+                ids.reduce(
+                    np.int64(-1),
+                    lambda a, b: np.maximum(
+                        a, keras.ops.cast(keras.ops.max(b), "int64")
+                    ),
+                )
+            )
+            low = int(
+                ids.reduce(
+                    np.int64(0),
+                    lambda a, b: np.minimum(
+                        a, keras.ops.cast(keras.ops.min(b), "int64")
+                    ),
+                )
+            )
         else:
             ids = np.asarray(x[filters_lib.SAMPLE_ID_KEY])
             high, low = int(ids.max()), int(ids.min())
@@ -547,12 +576,20 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 f"[0, {num_samples}). Received ids in [{low}, {high}]."
             )
 
-    def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs):
-        x, y, sample_weight = self._with_preprocessor(x, y, sample_weight, batch_size)
+    def evaluate(
+        self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs
+    ):
+        x, y, sample_weight = self._with_preprocessor(
+            x, y, sample_weight, batch_size
+        )
         if self.preprocessor is not None:
             batch_size = None
         return super().evaluate(
-            x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, **kwargs
+            x=x,
+            y=y,
+            batch_size=batch_size,
+            sample_weight=sample_weight,
+            **kwargs,
         )
 
     def predict(self, x, batch_size=None, **kwargs):
