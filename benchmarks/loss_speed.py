@@ -87,7 +87,7 @@ def _multiclass_data(rng, label_shape, num_classes):
 
 def _multilabel_data(rng, batch, num_classes, positives=5):
     logits = 3.0 * rng.standard_normal((batch, num_classes))
-    labels = (rng.random((batch, num_classes)) < positives / num_classes)
+    labels = rng.random((batch, num_classes)) < positives / num_classes
     return labels.astype("float32"), logits.astype("float32")
 
 
@@ -100,22 +100,33 @@ def build_cases(quick):
     )
     ml_as = lambda: kas.MultiLabelASSoftmaxLoss(0.05)  # noqa: E731
     ml_cce = lambda: kas.MultiLabelCategoricalCrossentropy()  # noqa: E731
+
     # The same math with delta a Python float, averaged by hand: no
     # `keras.Variable` to read, which costs a fixed amount per compiled
     # call (amortized in a training step that reads every weight anyway).
-    ml_as_fn = lambda: lambda y, x: keras.ops.mean(  # noqa: E731
-        kas.multilabel_as_softmax_cross_entropy(y, x, delta=0.05)
-    )
+    def ml_as_fn():
+        return lambda y, x: keras.ops.mean(
+            kas.multilabel_as_softmax_cross_entropy(y, x, delta=0.05)
+        )
+
     if quick:
         shapes = ((64,), 101), ((4, 8), 9), (16, 31)
     else:
         shapes = ((4096,), 5201), ((32, 128), 9), (512, 127)
     multilabel = _multilabel_data(rng, *shapes[2])
     return [
-        ("AS-Softmax vs SCCE", as_softmax, scce,
-         _multiclass_data(rng, *shapes[0])),
-        ("AS-Softmax vs SCCE tok", as_softmax, scce,
-         _multiclass_data(rng, *shapes[1])),
+        (
+            "AS-Softmax vs SCCE",
+            as_softmax,
+            scce,
+            _multiclass_data(rng, *shapes[0]),
+        ),
+        (
+            "AS-Softmax vs SCCE tok",
+            as_softmax,
+            scce,
+            _multiclass_data(rng, *shapes[1]),
+        ),
         ("ML AS-Softmax vs MLCCE", ml_as, ml_cce, multilabel),
         ("ML AS fn, fixed delta", ml_as_fn, ml_cce, multilabel),
     ]
@@ -240,20 +251,27 @@ def main(argv=None):
         epilog="The backend comes from KERAS_BACKEND (tensorflow or jax).",
     )
     parser.add_argument(
-        "--repeats", type=int, default=None,
+        "--repeats",
+        type=int,
+        default=None,
         help="timed rounds per case (default 40; 2 with --quick)",
     )
     parser.add_argument(
-        "--warmup", type=int, default=None,
+        "--warmup",
+        type=int,
+        default=None,
         help="untimed calls of each step after compiling (default 3)",
     )
     parser.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help="tiny shapes and 2 rounds: a smoke run, not a measurement",
     )
     args = parser.parse_args(argv)
     repeats = args.repeats or (2 if args.quick else 40)
-    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    warmup = (
+        args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    )
     if args.quick:
         global MIN_SAMPLE_SECONDS
         MIN_SAMPLE_SECONDS = 0.0

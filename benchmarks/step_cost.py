@@ -11,9 +11,9 @@ the bound that follows:
 
 It also times the forward and backward pass at a half and a quarter of the
 batch: the cost of a lever that trains only on part of a batch. Then it
-times that lever, `ASSpeed(skip_masked=True)`, as `fit` runs it: whole
-train steps (`train_on_batch`, a TensorFlow graph) on batches with 0, 1/2,
-3/4, 7/8 and all of the samples masked, against the plain step.
+times that lever, `ASSpeed` with `filters.SkipMasked`, end to end with its
+scoring passes: train steps under XLA and as a TensorFlow graph on batches
+with 0, 1/2, 3/4 and 7/8 of the samples masked, against the plain step.
 
 Run from the repository root:
 
@@ -46,7 +46,7 @@ def main(argv=None):
     parser.add_argument("--preset", default="offline-minilm")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
     parser.add_argument(
-        "--no-skip", action="store_true", help="leave out the skip_masked steps"
+        "--no-skip", action="store_true", help="leave out the filtered steps"
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -181,21 +181,25 @@ def main(argv=None):
 
 
 def skip_masked_steps(model, data, repeats):
-    """Times `ASSpeed(skip_masked=True)`'s train step (`train_on_batch`, a
-    TensorFlow graph) on batches with a chosen share of masked samples,
-    against the plain step, in interleaved rounds.
+    """Times `ASSpeed` with `filters.SkipMasked` end to end, scoring passes
+    included: train steps (`train_on_batch`) on batches with a chosen share
+    of masked samples, under XLA and as a TensorFlow graph, against the
+    plain step, in interleaved rounds of consecutive steps.
 
     The share is set through the labels: the head's kernel is scaled up so
     that every prediction is confident, then a sample is labelled with its
     predicted class (masked: the target leads by more than delta) or with
-    another class (not masked). Every step updates (`max_steps=1`), with a
-    learning rate of 0.
+    another class (not masked). With half the samples masked, the queue
+    fills a training pass every second step, so the cost of a drawn batch
+    is the mean over consecutive steps. Every window is one step
+    (`max_steps=1`), with a learning rate of 0 so the masks stay as set.
     """
     import keras
     import numpy as np
     import tensorflow as tf
 
     import keras_as_softmax as kas
+    from keras_as_softmax import filters
 
     x, _ = data
     head = model.layers[-1]
@@ -204,13 +208,11 @@ def skip_masked_steps(model, data, repeats):
     predicted = np.argmax(logits, axis=-1)
     batch = len(predicted)
     num_classes = logits.shape[-1]
-    wrapped = {}
-    for name, skip, jit in (
-        ("plain step, XLA", False, True),
-        ("plain step, graph", False, False),
-        ("skip_masked, graph", True, False),
-    ):
-        w = kas.ASSpeed(model, max_steps=1, skip_masked=skip)
+    steps = 8  # consecutive steps per round: whole queue cycles
+
+    def wrap(skip, jit):
+        f = filters.SkipMasked(0.0, warmup_epochs=0) if skip else None
+        w = kas.ASSpeed(model, max_steps=1, sample_filter=f)
         # Learning rate 0: the update costs what it always does, and the
         # weights, hence the masks, stay as set up.
         w.compile(
@@ -218,29 +220,40 @@ def skip_masked_steps(model, data, repeats):
             loss=kas.ASSoftmaxLoss(0.3),
             jit_compile=jit,
         )
-        wrapped[name] = w
+        w.fit(x, predicted, batch_size=batch, epochs=1, verbose=0)
+        # Keep the filter on for every later step (its schedule counts the
+        # epochs of a fit).
+        w._epochs = 2**30
+        w.train_function = None
+        return w
+
     parts = {}
-    for name in ("plain step, XLA", "plain step, graph"):
-        parts[name] = (wrapped[name], predicted)
-    for masked in (0, batch // 2, 3 * batch // 4, 7 * batch // 8, batch):
-        y = np.where(
-            np.arange(batch) < masked, predicted, (predicted + 1) % num_classes
-        )
-        parts[f"skip_masked, graph, {masked}/{batch} masked"] = (
-            wrapped["skip_masked, graph"],
-            y,
-        )
+    for jit, mode in ((True, "XLA"), (False, "graph")):
+        parts[f"plain step, {mode}"] = (wrap(False, jit), predicted)
+        skip = wrap(True, jit)
+        for masked in (0, batch // 2, 3 * batch // 4, 7 * batch // 8):
+            y = np.where(
+                np.arange(batch) < masked,
+                predicted,
+                (predicted + 1) % num_classes,
+            )
+            name = f"SkipMasked, {mode}, {masked}/{batch} masked"
+            parts[name] = (skip, y)
     names = list(parts)
 
     def run(name):
         w, y = parts[name]
-        if w.skip_masked:
-            w._last_masked_ratio.assign(1.0)  # score every batch
-        return w.train_on_batch(
-            x, tf.constant(y.astype("int32")), return_dict=True
-        )
+        out = []
+        for _ in range(steps):
+            logs = w.train_on_batch(
+                x, tf.constant(y.astype("int32")), return_dict=True
+            )
+            out.append(
+                (float(logs["masked_ratio"]), float(logs["trained_fraction"]))
+            )
+        return np.mean(np.array(out), axis=0)
 
-    for name in names:  # compile, then one warm-up call
+    for name in names:  # compile, then one warm-up round
         run(name)
         run(name)
     times = {name: [] for name in names}
@@ -250,26 +263,19 @@ def skip_masked_steps(model, data, repeats):
         round_times = {}
         for name in names if r % 2 == 0 else names[::-1]:
             t = time.perf_counter()
-            logs = run(name)
-            round_times[name] = time.perf_counter() - t
-            measured[name].append(
-                (
-                    float(logs["masked_ratio"]),
-                    float(logs.get("trained_fraction", 1.0)),
-                )
-            )
+            measured[name].append(run(name))
+            round_times[name] = (time.perf_counter() - t) / steps
         for name in names:
             times[name].append(round_times[name])
-            shares[name].append(
-                round_times[name] / round_times["plain step, graph"]
-            )
+            base = "plain step, XLA" if "XLA" in name else "plain step, graph"
+            shares[name].append(round_times[name] / round_times[base])
     print(
-        "\nASSpeed train step (train_on_batch), max_steps=1, scoring forced "
-        f"on; median of {repeats} interleaved rounds; "
-        "x = time / plain graph step, same round"
+        "\nASSpeed train step (train_on_batch), max_steps=1, end to end with "
+        f"scoring; mean over {steps} consecutive steps, median of {repeats} "
+        "interleaved rounds; x = time / plain step of the same mode, same round"
     )
     for name in names:
-        masked_ratio, trained = np.median(np.array(measured[name]), axis=0)
+        masked_ratio, trained = np.mean(np.array(measured[name]), axis=0)
         print(
             f"  {name:<38} {1e3 * statistics.median(times[name]):8.1f} ms   "
             f"x {statistics.median(shares[name]):5.2f}   "

@@ -98,9 +98,15 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     # p = e / sum(e), `p_a - p_b >= delta` is `e_a - e_b >= delta * sum(e)`.
     # Logits are clipped to +-1e30, so an infinite extreme marks a row
     # without negatives / positives (its e is exp(-inf) == 0).
-    max_negative = ops.max(ops.where(positive, -_INF, o), axis=-1, keepdims=True)
-    max_positive = ops.max(ops.where(positive, o, -_INF), axis=-1, keepdims=True)
-    min_positive = -ops.max(ops.where(positive, -o, -_INF), axis=-1, keepdims=True)
+    max_negative = ops.max(
+        ops.where(positive, -_INF, o), axis=-1, keepdims=True
+    )
+    max_positive = ops.max(
+        ops.where(positive, o, -_INF), axis=-1, keepdims=True
+    )
+    min_positive = -ops.max(
+        ops.where(positive, -o, -_INF), axis=-1, keepdims=True
+    )
     top = ops.maximum(max_negative, max_positive)
     e = ops.exp(o - top)
     margin = ops.cast(delta, o.dtype) * ops.sum(e, axis=-1, keepdims=True)
