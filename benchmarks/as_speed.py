@@ -20,18 +20,14 @@ Two levers beyond the paper skip forward and backward work, not only
 optimizer steps; compare their accuracy with the seed-to-seed spread before
 trusting them:
 
-* `as_skip`: `ASSpeed(skip_masked=True)`. Once half of a batch is masked,
-  each batch is scored by a forward pass (training mode), and the training
-  passes run only on the samples not masked now, gathered into one batch
-  of their own size. It runs as a TensorFlow graph without XLA
-  (`jit_compile=False`): XLA needs static shapes, and its chunked loop runs
-  several times slower on CPU.
-* `as_skip_stale`: AS-Speed plus `keras_as_softmax.MaskedSampleSkipper`:
-  each step leaves out the samples that were masked when last seen,
-  revisiting a `--revisit` fraction of them (a TensorFlow graph too).
-* `as_skip_hybrid`: both at once. Samples masked when last seen leave the
-  batch first (a `--revisit` fraction comes back), which also spares their
-  scoring pass; the samples left are scored and trained like `as_skip`'s.
+* `as_skip`: `ASSpeed(sample_filter=filters.SkipMasked())`. Once half of
+  the recent samples are masked, each batch is scored by a forward pass
+  (training mode) and only the samples not masked now are queued; a
+  training pass runs on every full batch of them (XLA).
+* `as_skip_stale`: `filters.SkipMaskedLastSeen`: samples masked when last
+  seen are left out without a pass, a `--revisit` fraction revisited and
+  weighted `1 / revisit`.
+* `as_skip_hybrid`: both; what the first keeps, the second scores.
 
 Usage:
 
