@@ -57,7 +57,7 @@ STEP_COST = SCRIPT.parent / "step_cost.py"
 def test_step_cost_quick_runs_and_prints_the_bound():
     if keras.backend.backend() != "tensorflow":
         pytest.skip("step_cost.py times TensorFlow with XLA")
-    out = run_quick(STEP_COST, "tensorflow", timeout=300)
+    out = run_quick(STEP_COST, "tensorflow", timeout=900)
     for part in (
         "train step [8]",
         "AdamW update alone",
