@@ -17,27 +17,89 @@ def _prepare_multilabel(y_true, y_pred):
     return logits, positive
 
 
-def _log1p_sum_exp(x):
-    """`log(1 + sum(exp(x)))` over the last axis, as a logsumexp with an
-    appended 0: never overflows, and `-inf` entries drop out of both the
-    value and the gradient (a row of only `-inf` gives `0.0` exactly)."""
-    return ops.logsumexp(
-        ops.concatenate([ops.zeros_like(x[..., :1]), x], axis=-1), axis=-1
-    )
+# Stands in for -inf in the per-side copies of the logits: below every
+# clipped logit (+-1e30) and finite, so that arithmetic on it never meets
+# `inf - inf`; `exp(-_EXCLUDED - shift)` is 0.
+_EXCLUDED = 3e38
 
 
-def _two_sided(logits, negatives, positives):
-    """`log(1 + sum_{negatives} exp(o)) + log(1 + sum_{positives} exp(-o))`
-    for boolean class masks `negatives` and `positives`.
+def _sides(logits, positive):
+    """The negatives' logits and the positives' negated logits, `[..., C]`
+    each, with `-_EXCLUDED` for the classes of the other side.
 
-    Classes outside a mask are replaced by `-inf` before the exponential,
-    so their gradient is exactly 0. XLA runs two plain logsumexps faster
-    than the single hand-fused pass with a written-out gradient that this
-    module used before (README, "Cost of the loss").
+    These two selects are the only `[..., C]` temporaries of the forward
+    pass: every row reduction below reads one of them (or the raw logits)
+    and keeps the rest of its arithmetic inside its own kernel (XLA on CPU
+    fuses arithmetic into a reduction, but not selects or comparisons).
     """
-    return _log1p_sum_exp(ops.where(negatives, logits, -_INF)) + _log1p_sum_exp(
-        ops.where(positives, -logits, -_INF)
-    )
+    o = ops.stop_gradient(logits)
+    negatives = ops.where(positive, -_EXCLUDED, o)
+    positives = ops.where(positive, -o, -_EXCLUDED)
+    return negatives, positives
+
+
+def _clip_arithmetic(y_pred, dtype):
+    """`_common.to_logits(y_pred, True)` written as arithmetic (NaN aside),
+    which XLA fuses into a reduction (a clip it would write out first):
+    `sign(x) * min(|x| / 4, 1e30 / 4) * 4`. The quarters keep its constants
+    apart from the clip's, which XLA would otherwise share, and write out."""
+    x = ops.cast(ops.convert_to_tensor(y_pred), dtype)
+    quarter = ops.minimum(ops.abs(x) * 0.25, _common._LOGIT_LIMIT * 0.25)
+    return ops.stop_gradient(ops.sign(x) * quarter * 4.0)
+
+
+def _step(d):
+    """`2.0` where `d > 0`, else `0.0`, as arithmetic (no constant)."""
+    sign = ops.sign(d)
+    return sign + ops.abs(sign)
+
+
+def _log1p_sum_exp(shift, total):
+    """`log(1 + sum(exp(x)))` from `total = sum(exp(x - shift))` and its
+    shift `shift >= max(x, 0)`: a logsumexp with an appended 0, without
+    materializing the appended column. Never overflows; `0.0` exactly
+    when `shift == 0` and `total == 0`."""
+    return shift + ops.log(ops.exp(-shift) + total)
+
+
+def _row_max(x):
+    return ops.max(x, axis=-1, keepdims=True)
+
+
+def _row_sum(x):
+    return ops.sum(x, axis=-1, keepdims=True)
+
+
+def _two_sided(logits, lse_negative, lse_positive, keep_negative, keep_positive):
+    """`lse_negative + lse_positive` per row (both `[..., 1]`, constants),
+    with the gradient with respect to `logits` written out: the softmax of
+    each side (with its appended 0) over the classes it keeps, with the
+    sign of its exponent, `exp(o - lse_negative)` on kept negatives and
+    `-exp(-o - lse_positive)` on kept positives, and 0 elsewhere.
+
+    `keep_negative` and `keep_positive` are boolean `[..., C]` masks. XLA
+    fuses the gradient into one pass over the logits.
+    """
+
+    @ops.custom_gradient
+    def two_sided(x):
+        values = ops.squeeze(lse_negative + lse_positive, axis=-1)
+
+        def grad(*args, upstream=None):
+            if upstream is None:  # TensorFlow and JAX pass it positionally.
+                (upstream,) = args
+            upstream = ops.expand_dims(upstream, -1)
+            return ops.where(
+                keep_positive,
+                -upstream * ops.exp(-x - lse_positive),
+                ops.where(
+                    keep_negative, upstream * ops.exp(x - lse_negative), 0.0
+                ),
+            )
+
+        return values, grad
+
+    return two_sided(logits)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -59,7 +121,22 @@ def multilabel_categorical_crossentropy(y_true, y_pred):
         Loss values of shape `[...]`.
     """
     logits, positive = _prepare_multilabel(y_true, y_pred)
-    return _two_sided(logits, ops.logical_not(positive), positive)
+    negatives, positives = _sides(logits, positive)
+    # max(0, largest o) over the negatives, max(0, largest -o) over the
+    # positives: the shifts of the two logsumexps with an appended 0.
+    shift_negative = ops.maximum(_row_max(negatives), 0.0)
+    shift_positive = ops.maximum(_row_max(positives), 0.0)
+    return _two_sided(
+        logits,
+        _log1p_sum_exp(
+            shift_negative, _row_sum(ops.exp(negatives - shift_negative))
+        ),
+        _log1p_sum_exp(
+            shift_positive, _row_sum(ops.exp(positives - shift_positive))
+        ),
+        ops.logical_not(positive),
+        positive,
+    )
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -86,36 +163,73 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     """
     delta = _common.check_delta(delta)
     logits, positive = _prepare_multilabel(y_true, y_pred)
-    o = ops.stop_gradient(logits)
-    # The masks compare probabilities: with e = exp(o - max) and
-    # p = e / sum(e), `p_a - p_b >= delta` is `e_a - e_b >= delta * sum(e)`.
-    # Logits are clipped to +-1e30, so an infinite extreme marks a row
-    # without negatives / positives (its e is exp(-inf) == 0).
-    max_negative = ops.max(ops.where(positive, -_INF, o), axis=-1, keepdims=True)
-    max_positive = ops.max(ops.where(positive, o, -_INF), axis=-1, keepdims=True)
-    min_positive = -ops.max(ops.where(positive, -o, -_INF), axis=-1, keepdims=True)
-    top = ops.maximum(max_negative, max_positive)
-    e = ops.exp(o - top)
-    margin = ops.cast(delta, o.dtype) * ops.sum(e, axis=-1, keepdims=True)
-    e_max_negative = ops.exp(max_negative - top)
-    e_min_positive = ops.exp(min_positive - top)
-    has_negative = ops.greater(max_negative, -_INF)
-    has_positive = ops.greater(max_positive, -_INF)
-    # A negative is dropped once the weakest positive leads it by delta, a
-    # positive once it leads the strongest negative by delta. Rounding is
-    # monotone, so once the weakest positive leads the strongest negative
-    # (the row is masked), every class is dropped and the loss is
-    # log(1) + log(1) == 0.0 exactly, with a zero gradient.
-    dropped = ops.where(
-        positive,
-        ops.logical_and(has_negative, e - e_max_negative >= margin),
-        ops.logical_and(has_positive, e_min_positive - e >= margin),
+    negatives, positives = _sides(logits, positive)
+    # The extremes; a side without classes gives -_EXCLUDED, made -inf.
+    max_negative = _row_max(negatives)
+    min_positive = -_row_max(positives)
+    has_negative = max_negative > -_EXCLUDED
+    has_positive = min_positive < _EXCLUDED
+    max_negative = ops.where(has_negative, max_negative, -_INF)
+    min_positive = ops.where(has_positive, min_positive, _INF)
+    # Clipping is monotone: the largest clipped logit is the clipped max.
+    top = ops.stop_gradient(
+        _common.to_logits(_row_max(ops.convert_to_tensor(y_pred)), True)
     )
-    kept = ops.logical_not(dropped)
+    # The masks compare probabilities: with e = exp(o - top) and
+    # p = e / sum(e), `p_a - p_b >= delta` is `e_a - e_b >= margin`.
+    margin = ops.cast(delta, logits.dtype) * _row_sum(
+        ops.exp(_clip_arithmetic(y_pred, logits.dtype) - top)
+    )
+    e_max_negative = ops.exp(max_negative - top)
+    e_min_positive = ops.where(has_positive, ops.exp(min_positive - top), 0.0)
+    # The weakest positive leads the strongest negative by delta: every
+    # class is dropped (the row is masked, its loss is exactly 0).
+    masked = ops.logical_and(
+        ops.logical_and(has_negative, has_positive),
+        e_min_positive - e_max_negative >= margin,
+    )
+    # The masks as thresholds on the logits: a negative is kept while
+    # `e > e_min_positive - margin` (o above `lower`), a positive while
+    # `e < e_max_negative + margin` (o below `upper`).
+    floor = e_min_positive - margin
+    lower = ops.where(
+        ops.logical_and(has_positive, floor > 0.0),
+        top + ops.log(ops.maximum(floor, 0.0)),
+        -_INF,
+    )
+    upper = ops.where(
+        has_negative, top + ops.log(e_max_negative + margin), _INF
+    )
+    lower = ops.where(masked, _INF, lower)
+    upper = ops.where(masked, -_INF, upper)
+    # Dropping takes the smallest negatives and the largest positives
+    # first, so a side keeps something iff it keeps its strongest class.
+    keeps_negative = max_negative > lower
+    keeps_positive = min_positive < upper
+    shift_negative = ops.maximum(max_negative, 0.0)
+    shift_positive = ops.maximum(-min_positive, 0.0)
+    # The kept sums, with the keep masks as arithmetic (`_step` is twice
+    # the mask: halved after the sum, exactly).
+    sum_negative = 0.5 * _row_sum(
+        ops.exp(negatives - shift_negative) * _step(negatives - lower)
+    )
+    sum_positive = 0.5 * _row_sum(
+        ops.exp(positives - shift_positive) * _step(positives + upper)
+    )
+    lse_negative = ops.where(
+        keeps_negative, _log1p_sum_exp(shift_negative, sum_negative), 0.0
+    )
+    lse_positive = ops.where(
+        keeps_positive, _log1p_sum_exp(shift_positive, sum_positive), 0.0
+    )
     return _two_sided(
         logits,
-        ops.logical_and(ops.logical_not(positive), kept),
-        ops.logical_and(positive, kept),
+        ops.stop_gradient(lse_negative),
+        ops.stop_gradient(lse_positive),
+        # Compared as -o against -lower and -upper: XLA would otherwise
+        # write out the broadcast thresholds that the sums also read.
+        ops.logical_and(ops.logical_not(positive), -logits < -lower),
+        ops.logical_and(positive, -logits > -upper),
     )
 
 
