@@ -38,22 +38,6 @@ def _sides(logits, positive):
     return negatives, positives
 
 
-def _clip_arithmetic(y_pred, dtype):
-    """`_common.to_logits(y_pred, True)` written as arithmetic (NaN aside),
-    which XLA fuses into a reduction (a clip it would write out first):
-    `sign(x) * min(|x| / 4, 1e30 / 4) * 4`. The quarters keep its constants
-    apart from the clip's, which XLA would otherwise share, and write out."""
-    x = ops.cast(ops.convert_to_tensor(y_pred), dtype)
-    quarter = ops.minimum(ops.abs(x) * 0.25, _common._LOGIT_LIMIT * 0.25)
-    return ops.stop_gradient(ops.sign(x) * quarter * 4.0)
-
-
-def _step(d):
-    """`2.0` where `d > 0`, else `0.0`, as arithmetic (no constant)."""
-    sign = ops.sign(d)
-    return sign + ops.abs(sign)
-
-
 def _log1p_sum_exp(shift, total):
     """`log(1 + sum(exp(x)))` from `total = sum(exp(x - shift))` and its
     shift `shift >= max(x, 0)`: a logsumexp with an appended 0, without
@@ -172,14 +156,18 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     max_negative = ops.where(has_negative, max_negative, -_INF)
     min_positive = ops.where(has_positive, min_positive, _INF)
     # Clipping is monotone: the largest clipped logit is the clipped max.
-    top = ops.stop_gradient(
-        _common.to_logits(_row_max(ops.convert_to_tensor(y_pred)), True)
-    )
+    x = ops.stop_gradient(ops.cast(ops.convert_to_tensor(y_pred), logits.dtype))
+    top = _common.to_logits(_row_max(x), True)
     # The masks compare probabilities: with e = exp(o - top) and
     # p = e / sum(e), `p_a - p_b >= delta` is `e_a - e_b >= margin`.
-    margin = ops.cast(delta, logits.dtype) * _row_sum(
-        ops.exp(_clip_arithmetic(y_pred, logits.dtype) - top)
+    # min(x, top) - top is o - top for the clipped logits o, except below
+    # -1e30, where exp gives 0 instead of 1: only rows whose every logit
+    # is clipped from below can tell, and there every e is 1.
+    total = _row_sum(ops.exp(ops.minimum(x, top) - top))
+    total = ops.where(
+        top > -_common._LOGIT_LIMIT, total, ops.cast(x.shape[-1], x.dtype)
     )
+    margin = ops.cast(delta, logits.dtype) * total
     e_max_negative = ops.exp(max_negative - top)
     e_min_positive = ops.where(has_positive, ops.exp(min_positive - top), 0.0)
     # The weakest positive leads the strongest negative by delta: every
@@ -208,13 +196,17 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     keeps_positive = min_positive < upper
     shift_negative = ops.maximum(max_negative, 0.0)
     shift_positive = ops.maximum(-min_positive, 0.0)
-    # The kept sums, with the keep masks as arithmetic (`_step` is twice
-    # the mask: halved after the sum, exactly).
+    # The kept sums, with the keep masks as arithmetic, 1 where d > 0, else
+    # 0: `max(sign(d), -0.0)`, and `(sign(d) + |sign(d)|) / 2` for the
+    # other side. XLA would share one [..., C] constant 0 between the two
+    # reductions and the gradient, and write it out.
+    crossed = ops.sign(negatives - lower)
     sum_negative = 0.5 * _row_sum(
-        ops.exp(negatives - shift_negative) * _step(negatives - lower)
+        ops.exp(negatives - shift_negative) * (crossed + ops.abs(crossed))
     )
-    sum_positive = 0.5 * _row_sum(
-        ops.exp(positives - shift_positive) * _step(positives + upper)
+    sum_positive = _row_sum(
+        ops.exp(positives - shift_positive)
+        * ops.maximum(ops.sign(positives + upper), -0.0)
     )
     lse_negative = ops.where(
         keeps_negative, _log1p_sum_exp(shift_negative, sum_negative), 0.0
