@@ -414,9 +414,11 @@ def main(argv=None):
         print(row)
     print()
     print(
-        f"Targets: time x <= the case's 'target' and mem x (XLA peak bytes) "
-        f"<= {MEMORY_TARGET:.1f}; 'targets' says per case whether each is "
-        "met."
+        f"Targets: time x <= {TIME_TARGET:.2f} (multi-class), "
+        f"{MULTILABEL_TIME_TARGET:.2f} (multi-label, large) or "
+        f"{MULTILABEL_SMALL_TIME_TARGET:.2f} (multi-label, small): the "
+        f"case's 'target' column; mem x (XLA peak bytes) <= "
+        f"{MEMORY_TARGET:.1f}. 'targets' says per case whether each is met."
     )
     for note in notes:
         print("  " + note)

@@ -108,8 +108,8 @@ def multilabel_categorical_crossentropy(y_true, y_pred):
     negatives, positives = _sides(logits, positive)
     # max(0, largest o) over the negatives, max(0, largest -o) over the
     # positives: the shifts of the two logsumexps with an appended 0.
-    shift_negative = ops.maximum(_row_max(negatives), 0.0)
-    shift_positive = ops.maximum(_row_max(positives), 0.0)
+    shift_negative = ops.relu(_row_max(negatives))
+    shift_positive = ops.relu(_row_max(positives))
     return _two_sided(
         logits,
         _log1p_sum_exp(
@@ -176,37 +176,45 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
         ops.logical_and(has_negative, has_positive),
         e_min_positive - e_max_negative >= margin,
     )
-    # The masks as thresholds on the logits: a negative is kept while
-    # `e > e_min_positive - margin` (o above `lower`), a positive while
-    # `e < e_max_negative + margin` (o below `upper`).
+    # The masks as thresholds on the logits, measured from the strongest
+    # negative and the weakest positive (not from `top + log(...)`, which
+    # rounds away at large magnitudes): a negative is kept while
+    # `e > e_min_positive - margin`, i.e. `o - max_negative > lower`; a
+    # positive while `e < e_max_negative + margin`, i.e.
+    # `min_positive - o > upper`.
     floor = e_min_positive - margin
     lower = ops.where(
         ops.logical_and(has_positive, floor > 0.0),
-        top + ops.log(ops.maximum(floor, 0.0)),
+        (top - max_negative) + ops.log(ops.relu(floor)),
         -_INF,
     )
     upper = ops.where(
-        has_negative, top + ops.log(e_max_negative + margin), _INF
+        has_negative,
+        (min_positive - top) - ops.log(e_max_negative + margin),
+        -_INF,
     )
     lower = ops.where(masked, _INF, lower)
-    upper = ops.where(masked, -_INF, upper)
+    upper = ops.where(masked, _INF, upper)
     # Dropping takes the smallest negatives and the largest positives
     # first, so a side keeps something iff it keeps its strongest class.
-    keeps_negative = max_negative > lower
-    keeps_positive = min_positive < upper
-    shift_negative = ops.maximum(max_negative, 0.0)
-    shift_positive = ops.maximum(-min_positive, 0.0)
+    keeps_negative = lower < 0.0
+    keeps_positive = upper < 0.0
+    # Finite references (a side without classes keeps nothing anyway).
+    max_negative = ops.where(has_negative, max_negative, 0.0)
+    min_positive = ops.where(has_positive, min_positive, 0.0)
+    shift_negative = ops.relu(max_negative)
+    shift_positive = ops.relu(-min_positive)
     # The kept sums, with the keep masks as arithmetic, 1 where d > 0, else
     # 0: `max(sign(d), -0.0)`, and `(sign(d) + |sign(d)|) / 2` for the
     # other side. XLA would share one [..., C] constant 0 between the two
     # reductions and the gradient, and write it out.
-    crossed = ops.sign(negatives - lower)
+    crossed = ops.sign(negatives - max_negative - lower)
     sum_negative = 0.5 * _row_sum(
         ops.exp(negatives - shift_negative) * (crossed + ops.abs(crossed))
     )
     sum_positive = _row_sum(
         ops.exp(positives - shift_positive)
-        * ops.maximum(ops.sign(positives + upper), -0.0)
+        * ops.maximum(ops.sign(positives + min_positive - upper), -0.0)
     )
     lse_negative = ops.where(
         keeps_negative, _log1p_sum_exp(shift_negative, sum_negative), 0.0
@@ -218,10 +226,13 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
         logits,
         ops.stop_gradient(lse_negative),
         ops.stop_gradient(lse_positive),
-        # Compared as -o against -lower and -upper: XLA would otherwise
-        # write out the broadcast thresholds that the sums also read.
-        ops.logical_and(ops.logical_not(positive), -logits < -lower),
-        ops.logical_and(positive, -logits > -upper),
+        # The same tests, written with negated thresholds: XLA would
+        # otherwise write out the broadcast thresholds the sums also read.
+        ops.logical_and(
+            ops.logical_not(positive),
+            ops.negative(logits + (-max_negative)) < -lower,
+        ),
+        ops.logical_and(positive, logits + (-min_positive) < -upper),
     )
 
 
