@@ -193,6 +193,8 @@ def test_compiled_equals_eager(delta):
     def loss(y, x):
         return kas.multilabel_as_softmax_cross_entropy(y, x, delta)
 
+    if compiled(loss) is None:
+        pytest.skip("no XLA compilation on this backend")
     np.testing.assert_allclose(
         to_numpy(compiled(loss)(labels, logits)),
         to_numpy(loss(labels, logits)),

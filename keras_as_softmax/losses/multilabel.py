@@ -160,10 +160,15 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     top = _common.to_logits(_row_max(x), True)
     # The masks compare probabilities: with e = exp(o - top) and
     # p = e / sum(e), `p_a - p_b >= delta` is `e_a - e_b >= margin`.
-    # min(x, top) - top is o - top for the clipped logits o, except below
-    # -1e30, where exp gives 0 instead of 1: only rows whose every logit
-    # is clipped from below can tell, and there every e is 1.
-    total = _row_sum(ops.exp(ops.minimum(x, top) - top))
+    # min(x - top, -1e-45) is o - top for the clipped logits o (up to
+    # -1e-45, whose exp is 1), except below -1e30, where exp gives 0
+    # instead of 1: only rows whose every logit is clipped from below can
+    # tell, and there every e is 1. (-1e-45, not 0: XLA would share a
+    # [..., C] zero with the gradient and write it out. The cast undoes
+    # Keras 3.15's float32 result of `minimum` on torch.)
+    total = _row_sum(
+        ops.exp(ops.cast(ops.minimum(x - top, -1e-45), x.dtype))
+    )
     total = ops.where(
         top > -_common._LOGIT_LIMIT, total, ops.cast(x.shape[-1], x.dtype)
     )
