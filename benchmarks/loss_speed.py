@@ -35,7 +35,10 @@ What is measured, per case, for "ours" and "baseline":
   are the same for both contenders (logits, labels, loss, gradient), so the
   temp bytes are where they differ.
 
-Targets: time ratio <= 1.10 and peak-memory ratio <= 1.3.
+Targets: peak-memory ratio <= 1.3 everywhere; time ratio <= 1.10 for the
+multi-class cases, <= 1.35 for the multi-label ones at [4096, 1000] and
+[2048, 4271] and <= 1.5 at [512, 127] (issue 13: the masks need one more
+exponential pass over the logits than the unmasked loss).
 
 Cases (random logits ~ 3 * N(0, 1), random labels):
 
@@ -43,9 +46,13 @@ Cases (random logits ~ 3 * N(0, 1), random labels):
   on logits [4096, 5201] (sentence classification) and on tokens: labels
   [32, 128], logits [32, 128, 9].
 * MultiLabelASSoftmaxLoss(0.05) vs MultiLabelCategoricalCrossentropy on
-  logits [512, 127], ~5 positives per row; and again with the per-sample
+  logits [512, 127] (Eurlex's label count), [4096, 1000] and [2048, 4271],
+  ~5 positives per row; and at [512, 127] again with the per-sample
   function `multilabel_as_softmax_cross_entropy(..., delta=0.05)` in place
   of the loss object, which leaves out the read of the delta variable.
+
+`--cases multilabel` (a substring of the case names, case-insensitive)
+runs only the matching cases.
 
 This is a timing script, not a test: nothing here asserts on times.
 """
@@ -69,11 +76,14 @@ import numpy as np  # noqa: E402
 import keras_as_softmax as kas  # noqa: E402
 
 TIME_TARGET = 1.10
+MULTILABEL_TIME_TARGET = 1.35
+MULTILABEL_SMALL_TIME_TARGET = 1.5
 MEMORY_TARGET = 1.3
 # Each timed sample repeats the step until it lasts at least this long.
 MIN_SAMPLE_SECONDS = 0.02
 HEADER = (
-    f"{'case':<22} {'shape (logits)':<16} {'ours ms':>9} {'base ms':>9} "
+    f"{'case':<22} {'shape (logits)':<16} {'target':>6} "
+    f"{'ours ms':>9} {'base ms':>9} "
     f"{'time x':>7} {'peak MiB ours':>13} {'peak MiB base':>13} {'mem x':>6} "
     f"{'temp MiB ours':>13} {'temp MiB base':>13}  targets"
 )
@@ -92,7 +102,8 @@ def _multilabel_data(rng, batch, num_classes, positives=5):
 
 
 def build_cases(quick):
-    """(name, ours factory, baseline factory, (labels, logits)) per case."""
+    """(name, ours, baseline, (labels, logits), time target) per case;
+    ours and baseline are loss factories."""
     rng = np.random.default_rng(0)
     as_softmax = lambda: kas.ASSoftmaxLoss(delta=0.3)  # noqa: E731
     scce = lambda: keras.losses.SparseCategoricalCrossentropy(  # noqa: E731
@@ -105,14 +116,23 @@ def build_cases(quick):
     # `keras.Variable` to read, which costs a fixed amount per compiled
     # call (amortized in a training step that reads every weight anyway).
     def ml_as_fn():
-        return lambda y, x: keras.ops.mean(
-            kas.multilabel_as_softmax_cross_entropy(y, x, delta=0.05)
-        )
+        def loss(y, x):
+            return keras.ops.mean(
+                kas.multilabel_as_softmax_cross_entropy(y, x, delta=0.05)
+            )
+
+        return loss
 
     if quick:
-        shapes = ((64,), 101), ((4, 8), 9), (16, 31)
+        shapes = ((64,), 101), ((4, 8), 9), (16, 31), (32, 40), (8, 70)
     else:
-        shapes = ((4096,), 5201), ((32, 128), 9), (512, 127)
+        shapes = (
+            ((4096,), 5201),
+            ((32, 128), 9),
+            (512, 127),
+            (4096, 1000),
+            (2048, 4271),
+        )
     multilabel = _multilabel_data(rng, *shapes[2])
     return [
         (
@@ -120,15 +140,43 @@ def build_cases(quick):
             as_softmax,
             scce,
             _multiclass_data(rng, *shapes[0]),
+            TIME_TARGET,
         ),
         (
             "AS-Softmax vs SCCE tok",
             as_softmax,
             scce,
             _multiclass_data(rng, *shapes[1]),
+            TIME_TARGET,
         ),
-        ("ML AS-Softmax vs MLCCE", ml_as, ml_cce, multilabel),
-        ("ML AS fn, fixed delta", ml_as_fn, ml_cce, multilabel),
+        (
+            "ML AS-Softmax vs MLCCE",
+            ml_as,
+            ml_cce,
+            multilabel,
+            MULTILABEL_SMALL_TIME_TARGET,
+        ),
+        (
+            "ML AS fn, fixed delta",
+            ml_as_fn,
+            ml_cce,
+            multilabel,
+            MULTILABEL_SMALL_TIME_TARGET,
+        ),
+        (
+            "ML AS-Softmax vs MLCCE",
+            ml_as,
+            ml_cce,
+            _multilabel_data(rng, *shapes[3]),
+            MULTILABEL_TIME_TARGET,
+        ),
+        (
+            "ML AS-Softmax vs MLCCE",
+            ml_as,
+            ml_cce,
+            _multilabel_data(rng, *shapes[4]),
+            MULTILABEL_TIME_TARGET,
+        ),
     ]
 
 
@@ -263,6 +311,11 @@ def main(argv=None):
         help="untimed calls of each step after compiling (default 3)",
     )
     parser.add_argument(
+        "--cases",
+        default="",
+        help="run only the cases whose name contains this (e.g. multilabel)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="tiny shapes and 2 rounds: a smoke run, not a measurement",
@@ -315,9 +368,13 @@ def main(argv=None):
     print()
 
     rows, notes = [], []
-    for name, ours_factory, base_factory, (labels, logits) in build_cases(
+    wanted = args.cases.lower().replace("multilabel", "ml ")
+    for name, ours_factory, base_factory, data, target in build_cases(
         args.quick
     ):
+        if wanted not in name.lower():
+            continue
+        labels, logits = data
         shape = "x".join(str(d) for d in logits.shape)
         run_ours, mem_ours = make_step(ours_factory(), labels, logits)
         run_base, mem_base = make_step(base_factory(), labels, logits)
@@ -330,17 +387,20 @@ def main(argv=None):
         med_o, med_b = statistics.median(t_ours), statistics.median(t_base)
         time_ratio, mem_ratio = med_o / med_b, peak_o / peak_b
         verdict = "time {} / mem {}".format(
-            "OK" if time_ratio <= TIME_TARGET else "MISS",
+            "OK" if time_ratio <= target else "MISS",
             "OK" if mem_ratio <= MEMORY_TARGET else "MISS",
         )
         rows.append(
-            f"{name:<22} {shape:<16} {1e3 * med_o:>9.3f} {1e3 * med_b:>9.3f} "
+            f"{name:<22} {shape:<16} {target:>6.2f} "
+            f"{1e3 * med_o:>9.3f} {1e3 * med_b:>9.3f} "
             f"{time_ratio:>7.3f} {_mib(peak_o):>13.3f} {_mib(peak_b):>13.3f} "
             f"{mem_ratio:>6.3f} {_mib(tmp_o):>13.3f} {_mib(tmp_b):>13.3f}  "
             f"{verdict}"
         )
         (lo_o, hi_o), (lo_b, hi_b) = _quartiles(t_ours), _quartiles(t_base)
-        paired = statistics.median(o / b for o, b in zip(t_ours, t_base))
+        paired = statistics.median(
+            o / b for o, b in zip(t_ours, t_base, strict=True)
+        )
         notes.append(
             f"{name} {shape}: {inner} call(s) per sample; interquartile ms "
             f"ours {1e3 * lo_o:.3f}-{1e3 * hi_o:.3f}, baseline "
@@ -354,8 +414,11 @@ def main(argv=None):
         print(row)
     print()
     print(
-        f"Targets: time x <= {TIME_TARGET:.2f} and mem x (XLA peak bytes) <= "
-        f"{MEMORY_TARGET:.1f}; 'targets' says per case whether each is met."
+        f"Targets: time x <= {TIME_TARGET:.2f} (multi-class), "
+        f"{MULTILABEL_TIME_TARGET:.2f} (multi-label, large) or "
+        f"{MULTILABEL_SMALL_TIME_TARGET:.2f} (multi-label, small): the "
+        f"case's 'target' column; mem x (XLA peak bytes) <= "
+        f"{MEMORY_TARGET:.1f}. 'targets' says per case whether each is met."
     )
     for note in notes:
         print("  " + note)

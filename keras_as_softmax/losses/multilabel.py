@@ -24,27 +24,75 @@ def _prepare_multilabel(y_true, y_pred):
     return logits, positive
 
 
-def _log1p_sum_exp(x):
-    """`log(1 + sum(exp(x)))` over the last axis, as a logsumexp with an
-    appended 0: never overflows, and `-inf` entries drop out of both the
-    value and the gradient (a row of only `-inf` gives `0.0` exactly)."""
-    return ops.logsumexp(
-        ops.concatenate([ops.zeros_like(x[..., :1]), x], axis=-1), axis=-1
-    )
+# Stands in for -inf in the per-side copies of the logits: below every
+# clipped logit (+-1e30) and finite, so that arithmetic on it never meets
+# `inf - inf`; `exp(-_EXCLUDED - shift)` is 0.
+_EXCLUDED = 3e38
 
 
-def _two_sided(logits, negatives, positives):
-    """`log(1 + sum_{negatives} exp(o)) + log(1 + sum_{positives} exp(-o))`
-    for boolean class masks `negatives` and `positives`.
+def _sides(logits, positive):
+    """The negatives' logits and the positives' negated logits, `[..., C]`
+    each, with `-_EXCLUDED` for the classes of the other side.
 
-    Classes outside a mask are replaced by `-inf` before the exponential,
-    so their gradient is exactly 0. XLA runs two plain logsumexps faster
-    than the single hand-fused pass with a written-out gradient that this
-    module used before (README, "Cost of the loss").
+    These two selects are the only `[..., C]` temporaries of the forward
+    pass: every row reduction below reads one of them (or the raw logits)
+    and keeps the rest of its arithmetic inside its own kernel (XLA on CPU
+    fuses arithmetic into a reduction, but not selects or comparisons).
     """
-    return _log1p_sum_exp(ops.where(negatives, logits, -_INF)) + _log1p_sum_exp(
-        ops.where(positives, -logits, -_INF)
-    )
+    o = ops.stop_gradient(logits)
+    negatives = ops.where(positive, -_EXCLUDED, o)
+    positives = ops.where(positive, -o, -_EXCLUDED)
+    return negatives, positives
+
+
+def _log1p_sum_exp(shift, total):
+    """`log(1 + sum(exp(x)))` from `total = sum(exp(x - shift))` and its
+    shift `shift >= max(x, 0)`: a logsumexp with an appended 0, without
+    materializing the appended column. Never overflows; `0.0` exactly
+    when `shift == 0` and `total == 0`."""
+    return shift + ops.log(ops.exp(-shift) + total)
+
+
+def _row_max(x):
+    return ops.max(x, axis=-1, keepdims=True)
+
+
+def _row_sum(x):
+    return ops.sum(x, axis=-1, keepdims=True)
+
+
+def _two_sided(
+    logits, lse_negative, lse_positive, keep_negative, keep_positive
+):
+    """`lse_negative + lse_positive` per row (both `[..., 1]`, constants),
+    with the gradient with respect to `logits` written out: the softmax of
+    each side (with its appended 0) over the classes it keeps, with the
+    sign of its exponent, `exp(o - lse_negative)` on kept negatives and
+    `-exp(-o - lse_positive)` on kept positives, and 0 elsewhere.
+
+    `keep_negative` and `keep_positive` are boolean `[..., C]` masks. XLA
+    fuses the gradient into one pass over the logits.
+    """
+
+    @ops.custom_gradient
+    def two_sided(x):
+        values = ops.squeeze(lse_negative + lse_positive, axis=-1)
+
+        def grad(*args, upstream=None):
+            if upstream is None:  # TensorFlow and JAX pass it positionally.
+                (upstream,) = args
+            upstream = ops.expand_dims(upstream, -1)
+            return ops.where(
+                keep_positive,
+                -upstream * ops.exp(-x - lse_positive),
+                ops.where(
+                    keep_negative, upstream * ops.exp(x - lse_negative), 0.0
+                ),
+            )
+
+        return values, grad
+
+    return two_sided(logits)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -66,7 +114,22 @@ def multilabel_categorical_crossentropy(y_true, y_pred):
         Loss values of shape `[...]`.
     """
     logits, positive = _prepare_multilabel(y_true, y_pred)
-    return _two_sided(logits, ops.logical_not(positive), positive)
+    negatives, positives = _sides(logits, positive)
+    # max(0, largest o) over the negatives, max(0, largest -o) over the
+    # positives: the shifts of the two logsumexps with an appended 0.
+    shift_negative = ops.relu(_row_max(negatives))
+    shift_positive = ops.relu(_row_max(positives))
+    return _two_sided(
+        logits,
+        _log1p_sum_exp(
+            shift_negative, _row_sum(ops.exp(negatives - shift_negative))
+        ),
+        _log1p_sum_exp(
+            shift_positive, _row_sum(ops.exp(positives - shift_positive))
+        ),
+        ops.logical_not(positive),
+        positive,
+    )
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -93,42 +156,95 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     """
     delta = _common.check_delta(delta)
     logits, positive = _prepare_multilabel(y_true, y_pred)
-    o = ops.stop_gradient(logits)
-    # The masks compare probabilities: with e = exp(o - max) and
-    # p = e / sum(e), `p_a - p_b >= delta` is `e_a - e_b >= delta * sum(e)`.
-    # Logits are clipped to +-1e30, so an infinite extreme marks a row
-    # without negatives / positives (its e is exp(-inf) == 0).
-    max_negative = ops.max(
-        ops.where(positive, -_INF, o), axis=-1, keepdims=True
+    negatives, positives = _sides(logits, positive)
+    # The extremes; a side without classes gives -_EXCLUDED, made -inf.
+    max_negative = _row_max(negatives)
+    min_positive = -_row_max(positives)
+    has_negative = max_negative > -_EXCLUDED
+    has_positive = min_positive < _EXCLUDED
+    max_negative = ops.where(has_negative, max_negative, -_INF)
+    min_positive = ops.where(has_positive, min_positive, _INF)
+    # Clipping is monotone: the largest clipped logit is the clipped max.
+    x = ops.stop_gradient(ops.cast(ops.convert_to_tensor(y_pred), logits.dtype))
+    top = _common.to_logits(_row_max(x), True)
+    # The masks compare probabilities: with e = exp(o - top) and
+    # p = e / sum(e), `p_a - p_b >= delta` is `e_a - e_b >= margin`.
+    # min(x - top, -1e-45) is o - top for the clipped logits o (up to
+    # -1e-45, whose exp is 1), except below -1e30, where exp gives 0
+    # instead of 1: only rows whose every logit is clipped from below can
+    # tell, and there every e is 1. (-1e-45, not 0: XLA would share a
+    # [..., C] zero with the gradient and write it out. The cast undoes
+    # Keras 3.15's float32 result of `minimum` on torch.)
+    total = _row_sum(ops.exp(ops.cast(ops.minimum(x - top, -1e-45), x.dtype)))
+    total = ops.where(
+        top > -_common._LOGIT_LIMIT, total, ops.cast(x.shape[-1], x.dtype)
     )
-    max_positive = ops.max(
-        ops.where(positive, o, -_INF), axis=-1, keepdims=True
-    )
-    min_positive = -ops.max(
-        ops.where(positive, -o, -_INF), axis=-1, keepdims=True
-    )
-    top = ops.maximum(max_negative, max_positive)
-    e = ops.exp(o - top)
-    margin = ops.cast(delta, o.dtype) * ops.sum(e, axis=-1, keepdims=True)
+    margin = ops.cast(delta, logits.dtype) * total
     e_max_negative = ops.exp(max_negative - top)
-    e_min_positive = ops.exp(min_positive - top)
-    has_negative = ops.greater(max_negative, -_INF)
-    has_positive = ops.greater(max_positive, -_INF)
-    # A negative is dropped once the weakest positive leads it by delta, a
-    # positive once it leads the strongest negative by delta. Rounding is
-    # monotone, so once the weakest positive leads the strongest negative
-    # (the row is masked), every class is dropped and the loss is
-    # log(1) + log(1) == 0.0 exactly, with a zero gradient.
-    dropped = ops.where(
-        positive,
-        ops.logical_and(has_negative, e - e_max_negative >= margin),
-        ops.logical_and(has_positive, e_min_positive - e >= margin),
+    e_min_positive = ops.where(has_positive, ops.exp(min_positive - top), 0.0)
+    # The weakest positive leads the strongest negative by delta: every
+    # class is dropped (the row is masked, its loss is exactly 0).
+    masked = ops.logical_and(
+        ops.logical_and(has_negative, has_positive),
+        e_min_positive - e_max_negative >= margin,
     )
-    kept = ops.logical_not(dropped)
+    # The masks as thresholds on the logits, measured from the strongest
+    # negative and the weakest positive (not from `top + log(...)`, which
+    # rounds away at large magnitudes): a negative is kept while
+    # `e > e_min_positive - margin`, i.e. `o - max_negative > lower`; a
+    # positive while `e < e_max_negative + margin`, i.e.
+    # `min_positive - o > upper`.
+    floor = e_min_positive - margin
+    lower = ops.where(
+        ops.logical_and(has_positive, floor > 0.0),
+        (top - max_negative) + ops.log(ops.relu(floor)),
+        -_INF,
+    )
+    upper = ops.where(
+        has_negative,
+        (min_positive - top) - ops.log(e_max_negative + margin),
+        -_INF,
+    )
+    lower = ops.where(masked, _INF, lower)
+    upper = ops.where(masked, _INF, upper)
+    # Dropping takes the smallest negatives and the largest positives
+    # first, so a side keeps something iff it keeps its strongest class.
+    keeps_negative = lower < 0.0
+    keeps_positive = upper < 0.0
+    # Finite references (a side without classes keeps nothing anyway).
+    max_negative = ops.where(has_negative, max_negative, 0.0)
+    min_positive = ops.where(has_positive, min_positive, 0.0)
+    shift_negative = ops.relu(max_negative)
+    shift_positive = ops.relu(-min_positive)
+    # The kept sums, with the keep masks as arithmetic, 1 where d > 0, else
+    # 0: `max(sign(d), -0.0)`, and `(sign(d) + |sign(d)|) / 2` for the
+    # other side. XLA would share one [..., C] constant 0 between the two
+    # reductions and the gradient, and write it out.
+    crossed = ops.sign(negatives - max_negative - lower)
+    sum_negative = 0.5 * _row_sum(
+        ops.exp(negatives - shift_negative) * (crossed + ops.abs(crossed))
+    )
+    sum_positive = _row_sum(
+        ops.exp(positives - shift_positive)
+        * ops.maximum(ops.sign(positives + min_positive - upper), -0.0)
+    )
+    lse_negative = ops.where(
+        keeps_negative, _log1p_sum_exp(shift_negative, sum_negative), 0.0
+    )
+    lse_positive = ops.where(
+        keeps_positive, _log1p_sum_exp(shift_positive, sum_positive), 0.0
+    )
     return _two_sided(
         logits,
-        ops.logical_and(ops.logical_not(positive), kept),
-        ops.logical_and(positive, kept),
+        ops.stop_gradient(lse_negative),
+        ops.stop_gradient(lse_positive),
+        # The same tests, written with negated thresholds: XLA would
+        # otherwise write out the broadcast thresholds the sums also read.
+        ops.logical_and(
+            ops.logical_not(positive),
+            ops.negative(logits + (-max_negative)) < -lower,
+        ),
+        ops.logical_and(positive, logits + (-min_positive) < -upper),
     )
 
 
