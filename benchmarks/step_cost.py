@@ -220,11 +220,10 @@ def skip_masked_steps(model, data, repeats):
             loss=kas.ASSoftmaxLoss(0.3),
             jit_compile=jit,
         )
-        w.fit(x, predicted, batch_size=batch, epochs=1, verbose=0)
-        # Keep the filter on for every later step (its schedule counts the
-        # epochs of a fit).
-        w._epochs = 2**30
-        w.train_function = None
+        if skip:
+            # What `fit` does before its first batch, with the filter on for
+            # every step (its schedule counts the epochs of a fit).
+            w._prepare_filters(x, predicted, None, batch, 2**30, 1, 0)
         return w
 
     parts = {}

@@ -487,7 +487,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     "{'inputs': x, 'sample_id': ids}. Received inputs of type "
                     f"{type(first_x).__name__}"
                 )
-            self._check_ids(x, is_dataset, last_seen.num_samples)
+            self._check_ids(
+                x, is_dataset, last_seen.num_samples, steps_per_epoch
+            )
         batch = int(np.shape(keras.tree.flatten(inputs)[0])[0])
         if self.preprocessor is not None:
             data = self._with_preprocessor(first_x, first_y, first_w, batch)[0]
@@ -548,25 +550,34 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self.train_function = None
 
     @staticmethod
-    def _check_ids(x, is_dataset, num_samples):
+    def _check_ids(x, is_dataset, num_samples, steps_per_epoch):
+        """Reads the ids of one epoch (a dataset of unknown or infinite
+        length: its first `steps_per_epoch` batches) and checks their
+        range."""
         if is_dataset:
-            ids = x.map(lambda x, *_: x[filters_lib.SAMPLE_ID_KEY])
-            high = int(
-                ids.reduce(
-                    np.int64(-1),
-                    lambda a, b: np.maximum(
-                        a, keras.ops.cast(keras.ops.max(b), "int64")
-                    ),
+            import tensorflow as tf
+
+            ids = x.map(
+                lambda x, *_: tf.cast(
+                    tf.reshape(x[filters_lib.SAMPLE_ID_KEY], [-1]), tf.int64
                 )
             )
-            low = int(
-                ids.reduce(
-                    np.int64(0),
-                    lambda a, b: np.minimum(
-                        a, keras.ops.cast(keras.ops.min(b), "int64")
-                    ),
-                )
+            if int(x.cardinality()) < 0:
+                if steps_per_epoch is None:
+                    raise ValueError(
+                        "Sample filters schedule by epoch: pass "
+                        "`steps_per_epoch` for a dataset of unknown or "
+                        "infinite length. Received: steps_per_epoch=None"
+                    )
+                ids = ids.take(steps_per_epoch)
+            low, high = ids.reduce(
+                (tf.int64.max, tf.int64.min),
+                lambda bounds, b: (
+                    tf.minimum(bounds[0], tf.reduce_min(b)),
+                    tf.maximum(bounds[1], tf.reduce_max(b)),
+                ),
             )
+            low, high = int(low), int(high)
         else:
             ids = np.asarray(x[filters_lib.SAMPLE_ID_KEY])
             high, low = int(ids.max()), int(ids.min())

@@ -86,6 +86,12 @@ def build_classifier(
         n: keras.Input(shape=(None,), dtype="int32", name=n) for n in names
     }
     outputs = backbone(inputs)
+    if pooling != "pooled" or task == "tokens":
+        # The pooler gets no gradient: leave it out of training, so Keras
+        # does not warn about it.
+        for layer in backbone.layers:
+            if layer.name == "pooled_dense":
+                layer.trainable = False
     if task == "tokens":
         x = outputs["sequence_output"]
     elif pooling == "mean":
