@@ -68,11 +68,10 @@ def test_step_cost_quick_runs_and_prints_the_bound():
     assert "s = 5:" in out and "Upper bound" in out, out
     for part in (
         "plain step, graph",
-        "plain step, XLA",
-        "SkipMasked, XLA, 0/8 masked",
+        "SkipMasked, graph, 0/8 masked",
         "SkipMasked, graph, 7/8 masked",
     ):
         assert part in out, out
     # The labels set the masked share that the train step then reports.
-    row = [line for line in out.splitlines() if "XLA, 6/8 masked" in line][0]
+    row = [line for line in out.splitlines() if "graph, 6/8 masked" in line][0]
     assert "masked 0.75" in row and "trained 0.25" in row, out

@@ -232,6 +232,9 @@ def run(
             loss-vs-metric correlation). Defaults to `1`.
         eval_batch_size: batch size of validation/test prediction.
         jit_compile: defaults to `True` on TensorFlow, `"auto"` otherwise.
+            (On CPU, XLA runs a filtered step's passes inside conditionals
+            more slowly than a plain step: the demo and benchmarks pass
+            `False` for every method, so that all run alike.)
         verbose: 1 shows Keras's progress bar, 0 nothing.
         keep_model: keep the trained model in the result.
 
