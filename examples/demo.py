@@ -22,8 +22,8 @@ python examples/demo.py --json demo.json    # also writes the figures
 ```
 
 Every method trains under the same conditions (a TensorFlow graph, or XLA
-with `--xla`; one repeated shuffled dataset; the same seed); training seconds leave out
-compilation (reported apart) and the validation passes.
+with `--xla`; one repeated shuffled dataset; the same seed); training
+seconds leave out compilation (reported apart) and the validation passes.
 """
 
 import argparse
