@@ -272,6 +272,8 @@ def test_demo_quick(tmp_path):
             "--quick",
             "--output-dir",
             str(tmp_path),
+            "--json",
+            str(tmp_path / "demo.json"),
         ],
         capture_output=True,
         text=True,
@@ -282,4 +284,18 @@ def test_demo_quick(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name in ("masked_ratio.png", "loss_vs_accuracy.png", "margins.png"):
         assert (tmp_path / name).stat().st_size > 0
-    assert "as_speed" in proc.stdout and "t->base best" in proc.stdout
+    assert "as_skip_hybrid" in proc.stdout and "t->base best" in proc.stdout
+    assert "faster at <= 2.0 points lower test accuracy:" in proc.stdout
+    import json
+
+    figures = json.loads((tmp_path / "demo.json").read_text())["methods"]
+    assert set(figures) == {"softmax", "as_softmax", "as_skip_hybrid"}
+    for values in figures.values():
+        assert set(values) >= {
+            "val_metric",
+            "test_metric",
+            "train_seconds",
+            "updates",
+            "trained_fraction",
+        }
+        assert values["train_seconds"] > 0
