@@ -133,6 +133,12 @@ def _record(memory, ids, sample_masked, where):
     return ops.scatter_update(memory, ops.expand_dims(ids, -1), new)
 
 
+def _moving_share(share, n_all, n_masked):
+    """The moving masked share, after a pass that counted `n_all` rows."""
+    new = n_masked / ops.maximum(n_all, 1.0)
+    return ops.where(n_all > 0, (1 - _EMA) * share + _EMA * new, share)
+
+
 def _broadcast_rows(values, rows):
     while len(values.shape) < len(rows.shape):
         values = ops.expand_dims(values, -1)
@@ -294,13 +300,8 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         scored = ops.cast(go, "float32")
         count_all += n_all
         count_masked += n_masked
-        share = n_masked / ops.maximum(n_all, 1.0)
         state = state._replace(
-            masked_share=ops.where(
-                n_all > 0,
-                (1 - _EMA) * state.masked_share + _EMA * share,
-                state.masked_share,
-            )
+            masked_share=_moving_share(state.masked_share, n_all, n_masked)
         )
         rows = rows._replace(
             counted=ops.where(go, ops.ones_like(rows.counted), rows.counted)
@@ -360,13 +361,8 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
     state = state._replace(memory=memory)
     trained = ops.cast(full, "float32")
     if skip_masked is not None:
-        share = n_masked / ops.maximum(n_all, 1.0)
         state = state._replace(
-            masked_share=ops.where(
-                n_all > 0,
-                (1 - _EMA) * state.masked_share + _EMA * share,
-                state.masked_share,
-            )
+            masked_share=_moving_share(state.masked_share, n_all, n_masked)
         )
     output = StepOutput(
         grads=grads,

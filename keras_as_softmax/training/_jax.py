@@ -10,6 +10,7 @@ import jax
 import keras
 
 from keras_as_softmax import filters
+from keras_as_softmax.metrics import count_masked_rows
 from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import accumulation
 
@@ -90,27 +91,12 @@ class ASSpeedTrainer:
         non_trainable = list(non_trainable)
 
         if self.sample_filters:
-            inputs, ids = filters.split_sample_ids(x)
             hooks = _Hooks(self, trainable, non_trainable, optimizer_vars)
             mapping = list(zip(self.trainable_variables, trainable)) + list(
                 zip(variables, non_trainable)
             )
             with keras.StatelessScope(state_mapping=mapping) as scope:
-                draws = None
-                if self._last_seen is not None:
-                    size = keras.tree.flatten(inputs)[0].shape[0]
-                    draws = keras.random.uniform((size,), seed=self._seed)
-                output, filter_state = _filtering.filtered_step(
-                    self,
-                    self._filter_state(),
-                    inputs,
-                    y,
-                    sample_weight,
-                    ids,
-                    draws,
-                    hooks,
-                )
-                self._assign_filter_state(filter_state)
+                inputs, output = self._filtered_step(x, y, sample_weight, hooks)
             non_trainable = list(hooks.state[1])
             for v in self._filter_variables():
                 non_trainable[index[id(v)]] = scope.get_current_value(v)
@@ -140,12 +126,9 @@ class ASSpeedTrainer:
             )
             loss_value, y_pred, non_trainable, metrics_vars = aux
             non_trainable = list(non_trainable)
-            values = _filtering.row_values(self.loss, y, y_pred)
-            counted, masked_flags, _ = _filtering.row_flags(
-                self.loss, y, values, sample_weight
+            masked, rows = count_masked_rows(
+                self.loss, y, y_pred, sample_weight
             )
-            rows = keras.ops.sum(keras.ops.cast(counted, "float32"))
-            masked = keras.ops.sum(keras.ops.cast(masked_flags, "float32"))
             loss_weight = keras.tree.flatten(x)[0].shape[0]
             metric_args = (x, y, y_pred, sample_weight)
             trained = 1.0

@@ -4,6 +4,7 @@ import keras
 import tensorflow as tf
 
 from keras_as_softmax import filters
+from keras_as_softmax.metrics import count_masked_rows
 from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import accumulation
 
@@ -122,23 +123,9 @@ class ASSpeedTrainer:
         strategy = tf.distribute.get_strategy()
         replicas = strategy.num_replicas_in_sync
         if self.sample_filters:
-            inputs, ids = filters.split_sample_ids(x)
-            draws = None
-            if self._last_seen is not None:
-                draws = keras.random.uniform(
-                    tf.shape(tf.nest.flatten(inputs)[0])[:1], seed=self._seed
-                )
-            output, filter_state = _filtering.filtered_step(
-                self,
-                self._filter_state(),
-                inputs,
-                y,
-                sample_weight,
-                ids,
-                draws,
-                _Hooks(self),
+            inputs, output = self._filtered_step(
+                x, y, sample_weight, _Hooks(self)
             )
-            self._assign_filter_state(filter_state)
             grads, loss = output.grads, output.loss
             rows, masked = output.rows, output.masked_rows
             metric_args = (
@@ -165,14 +152,9 @@ class ASSpeedTrainer:
             grads = _dense_grads(
                 tape.gradient(scaled_loss, variables), variables
             )
-            counted, masked_flags, _ = _filtering.row_flags(
-                self.loss,
-                y,
-                _filtering.row_values(self.loss, y, y_pred),
-                sample_weight,
+            masked, rows = count_masked_rows(
+                self.loss, y, y_pred, sample_weight
             )
-            rows = tf.reduce_sum(tf.cast(counted, "float32"))
-            masked = tf.reduce_sum(tf.cast(masked_flags, "float32"))
             metric_args = (x, y, y_pred, sample_weight)
             trained = tf.constant(1.0)
             self._loss_tracker.update_state(

@@ -9,6 +9,7 @@ from keras_as_softmax._validation import check_int
 from keras_as_softmax._validation import check_positive
 from keras_as_softmax.metrics import MaskedRatio
 from keras_as_softmax.metrics import count_masked_rows
+from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import _queue
 from keras_as_softmax.training import accumulation
 from keras_as_softmax.training._filtering import FilterState
@@ -280,6 +281,31 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         if self._last_seen is not None:
             found += [self._memory, self._seed.state]
         return found
+
+    def _filtered_step(self, x, y, sample_weight, hooks):
+        """Runs the filters on a drawn batch and keeps their new state.
+
+        Returns:
+            `(inputs, output)`: the inputs without sample ids, and the
+            `_filtering.StepOutput`.
+        """
+        inputs, ids = filters_lib.split_sample_ids(x)
+        draws = None
+        if self._last_seen is not None:
+            size = ops.shape(keras.tree.flatten(inputs)[0])[:1]
+            draws = keras.random.uniform(size, seed=self._seed)
+        output, state = _filtering.filtered_step(
+            self,
+            self._filter_state(),
+            inputs,
+            y,
+            sample_weight,
+            ids,
+            draws,
+            hooks,
+        )
+        self._assign_filter_state(state)
+        return inputs, output
 
     def _epoch_state(self):
         """`(epoch, epochs)`: the epoch a drawn batch belongs to."""
