@@ -257,9 +257,11 @@ def index_dataset(dataset):
     ```
     """
 
+    import tensorflow as tf  # tf.data runs TensorFlow ops on every backend
+
     def attach(index, element):
         x, *rest = element
-        return (attach_sample_ids(x, keras.ops.cast(index, "int32")), *rest)
+        return (attach_sample_ids(x, tf.cast(index, tf.int32)), *rest)
 
     return dataset.enumerate().map(attach)
 

@@ -3,16 +3,15 @@
 import keras
 from keras import ops
 
-from keras_as_softmax.losses._common import row_mask
+from keras_as_softmax.losses._common import valid_rows
 
 
 def masked_rows(loss, y_true, y_pred, sample_weight=None):
     """Which rows a loss masks, and which rows count.
 
     A row (a sample, or a token) is *masked* when its loss is exactly 0.0.
-    Rows that the loss leaves out of its mean (the Keras mask on its
-    per-row values, such as the rows labelled with `ignore_class`, and any
-    mask on `y_pred`) and rows whose sample weight is 0 are not counted at
+    Rows that the loss leaves out of its mean (labelled with the loss's
+    `ignore_class`) and rows whose sample weight is 0 are not counted at
     all, so padding never inflates the ratio.
 
     Args:
@@ -25,14 +24,15 @@ def masked_rows(loss, y_true, y_pred, sample_weight=None):
     Returns:
         `(masked, counted)`: bool tensors with one value per row.
     """
-    output_mask = row_mask(y_pred)
     y_true = ops.convert_to_tensor(y_true, dtype=loss.dtype)
     y_pred = ops.convert_to_tensor(y_pred, dtype=loss.dtype)
     values = loss.call(y_true, y_pred)
     counted = ops.ones_like(values, dtype="bool")
-    for mask in (row_mask(values), output_mask):
-        if mask is not None:
-            counted = ops.logical_and(counted, ops.cast(mask, "bool"))
+    valid = valid_rows(
+        y_true, ops.shape(values), getattr(loss, "ignore_class", None)
+    )
+    if valid is not None:
+        counted = valid
     values = ops.stop_gradient(values)
     if sample_weight is not None:
         sample_weight = ops.convert_to_tensor(sample_weight)

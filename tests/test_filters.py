@@ -339,6 +339,30 @@ def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
     loaded.evaluate(filters.with_sample_ids(x), y, verbose=0)
 
 
+def test_index_dataset_ids_follow_samples_through_shuffling():
+    import tensorflow as tf
+
+    x, y = sentence_data()
+    data = filters.index_dataset(tf.data.Dataset.from_tensor_slices((x, y)))
+    batches = list(data.shuffle(64, seed=0).batch(8).as_numpy_iterator())
+    for inputs, labels in batches:
+        ids = inputs[filters.SAMPLE_ID_KEY]
+        assert ids.dtype == np.int32
+        np.testing.assert_array_equal(inputs[filters.INPUTS_KEY], x[ids])
+        np.testing.assert_array_equal(labels, y[ids])
+    ids = np.concatenate([b[0][filters.SAMPLE_ID_KEY] for b in batches])
+    np.testing.assert_array_equal(np.sort(ids), np.arange(64))
+
+    wrapped = kas.ASSpeed(
+        small_model(), sample_filter=filters.SkipMaskedLastSeen(64, seed=1)
+    )
+    wrapped.compile(
+        optimizer=keras.optimizers.Adam(0.03), loss=kas.ASSoftmaxLoss(0.3)
+    )
+    wrapped.fit(data.shuffle(64, seed=0).batch(8), epochs=4, verbose=0)
+    assert 0.0 < wrapped.last_seen_masked_fraction < 1.0
+
+
 def test_token_rows_with_ignored_positions():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((32, 5, 6)).astype("float32")

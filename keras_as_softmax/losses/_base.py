@@ -18,10 +18,9 @@ class PerRowLoss(keras.losses.Loss):
     `keras.Variable` argument, such as `delta`, as its current value).
 
     The keyword arguments read as attributes (`loss.delta`,
-    `loss.ignore_class`). `fn` marks the rows that do not count
-    (`ignore_class`) with a Keras mask on its output, which
-    `keras.losses.Loss.__call__` applies, as for
-    `keras.losses.SparseCategoricalCrossentropy(ignore_class=...)`.
+    `loss.ignore_class`). `fn` gives 0 on the rows labelled
+    `ignore_class`, and `__call__` leaves them out of the mean, as
+    `keras.losses.SparseCategoricalCrossentropy(ignore_class=...)` does.
     Sample weights of shape `[batch]` weight every row of a sample (every
     token of a sentence). A batch without rows gives empty per-row values,
     and a reduced loss of 0.
@@ -62,15 +61,22 @@ class PerRowLoss(keras.losses.Loss):
         return self.fn(y_true, y_pred, **self._fn_kwargs)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
+        rows = ops.shape(y_pred)[:-1]
         if sample_weight is not None:
             # `[batch]` weights weight every row of a sample. A new tensor of
-            # the rows' shape: Keras multiplies the mask into it in place on
+            # the rows' shape: Keras multiplies a mask into it in place on
             # torch.
             sample_weight = ops.convert_to_tensor(sample_weight)
-            rows = ops.shape(y_pred)[:-1]
             while len(sample_weight.shape) < len(rows):
                 sample_weight = ops.expand_dims(sample_weight, -1)
             sample_weight = sample_weight * ops.ones(rows, sample_weight.dtype)
+        valid = _common.valid_rows(
+            y_true, rows, self._fn_kwargs.get("ignore_class")
+        )
+        if valid is not None:
+            sample_weight = _common.row_weights(
+                valid, sample_weight, self.reduction
+            )
         loss = super().__call__(y_true, y_pred, sample_weight)
         if self.reduction not in (None, "none") and len(loss.shape):
             # Keras returns the values of a `[0]` batch unreduced.

@@ -9,12 +9,6 @@ import keras
 import numpy as np
 from keras import ops
 
-# Keras has no public API for the mask that `keras.losses.Loss.__call__`
-# reads off a loss's per-row values; its own `sparse_categorical_crossentropy`
-# uses these (on JAX, whose arrays take no attributes, they keep a table).
-from keras.src.backend import get_keras_mask
-from keras.src.backend import set_keras_mask
-
 from keras_as_softmax import _validation
 
 LABEL_MODES = ("int", "categorical")
@@ -291,21 +285,32 @@ def cross_entropy_over_kept(logits, is_target, keep=None):
 
 
 def mask_rows(values, valid):
-    """Zeroes the rows that do not count and marks them for Keras.
-
-    The returned values carry `valid` as their Keras mask, which
-    `keras.losses.Loss.__call__` applies (leaving those rows out of the
-    `"sum_over_batch_size"` and `"mean"` denominators), as for
-    `keras.losses.SparseCategoricalCrossentropy(ignore_class=...)`.
-    `valid=None` returns `values` unchanged.
-    """
+    """Zeroes the rows that do not count (`valid` false); `valid=None`
+    returns `values` unchanged. `PerRowLoss` leaves the same rows out of
+    the mean (`row_weights`)."""
     if valid is None:
         return values
-    values = ops.where(valid, values, 0.0)
-    set_keras_mask(values, valid)
-    return values
+    return ops.where(valid, values, 0.0)
 
 
-def row_mask(x):
-    """The Keras mask that `x` carries (see `mask_rows`), or `None`."""
-    return get_keras_mask(x)
+def valid_rows(y_true, row_shape, ignore_class):
+    """Rows whose integer label is not `ignore_class` (bool, `row_shape`),
+    or `None` when `ignore_class` is `None`."""
+    if ignore_class is None:
+        return None
+    labels = ops.reshape(ops.convert_to_tensor(y_true), row_shape)
+    return ops.not_equal(ops.cast(labels, "int32"), ignore_class)
+
+
+def row_weights(valid, sample_weight, reduction):
+    """Sample weights that leave the rows that are not `valid` out of a
+    loss, as Keras's own `ignore_class` does: weight 0, and for the
+    `"sum_over_batch_size"` and `"mean"` reductions, the others weighted
+    `rows / valid rows`, so the mean is over the valid rows only."""
+    weights = ops.cast(valid, "float32")
+    if reduction in ("mean", "sum_over_batch_size"):
+        total = ops.cast(ops.size(weights), "float32")
+        weights = weights * ops.divide_no_nan(total, ops.sum(weights))
+    if sample_weight is None:
+        return weights
+    return ops.cast(sample_weight, "float32") * weights

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import keras
 from keras import ops
 
+from keras_as_softmax.losses._common import valid_rows
 from keras_as_softmax.training import _queue
 
 # Weight of the newest batch in the moving masked share that decides when
@@ -58,11 +59,7 @@ def row_flags(loss, y, values, sample_weight):
     `valid`: not `ignore_class`; `counted`: valid with nonzero weight;
     `masked`: counted with a loss of exactly 0.
     """
-    valid = ops.ones_like(values, dtype="bool")
-    ignore_class = getattr(loss, "ignore_class", None)
-    if ignore_class is not None:
-        labels = ops.reshape(ops.cast(y, "int32"), ops.shape(values))
-        valid = ops.not_equal(labels, ignore_class)
+    valid = row_valid(loss, y, ops.shape(values))
     counted = valid
     if sample_weight is not None:
         weight = _to_rows(sample_weight, values)
@@ -93,12 +90,8 @@ def _to_rows(weight, rows):
 
 def row_valid(loss, y, row_shape):
     """Rows that are not `ignore_class`, from the labels alone."""
-    ignore_class = getattr(loss, "ignore_class", None)
-    if ignore_class is None:
-        return ops.ones(row_shape, "bool")
-    return ops.not_equal(
-        ops.reshape(ops.cast(y, "int32"), row_shape), ignore_class
-    )
+    valid = valid_rows(y, row_shape, getattr(loss, "ignore_class", None))
+    return ops.ones(row_shape, "bool") if valid is None else valid
 
 
 def row_coefficients(loss, y, sample_weight, row_shape):

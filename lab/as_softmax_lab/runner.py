@@ -56,9 +56,12 @@ class _Recorder(keras.callbacks.Callback):
         self._t = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        # On JAX, `fit` keeps the variables' values in its own state during
+        # an epoch; reading `self.model` writes them back to the variables.
+        model = self.model
         masked = float(ops.convert_to_numpy(self.tracker.masked))
         counted = float(ops.convert_to_numpy(self.tracker.counted))
-        now = time.perf_counter()
         elapsed = now - self._t
         if self.step == 0:
             self.compile_time = elapsed
@@ -71,8 +74,8 @@ class _Recorder(keras.callbacks.Callback):
         dm, dc = masked - self._prev[0], counted - self._prev[1]
         self._prev = (masked, counted)
         self.masked_ratio.append(dm / dc if dc > 0 else float("nan"))
-        if isinstance(self.model, ASSpeed):
-            self.accum_steps.append(self.model.accumulation_steps)
+        if isinstance(model, ASSpeed):
+            self.accum_steps.append(model.accumulation_steps)
         if self.eval_every and self.step % self.eval_every == 0:
             self._evaluate(None)
         self._t = time.perf_counter()
