@@ -1,5 +1,6 @@
 """Sample filters: the queue, the pipeline's bookkeeping, and training."""
 
+import time
 import types
 
 import keras
@@ -285,6 +286,65 @@ def test_low_masked_share_takes_plain_steps():
     # No scoring pass, and one training pass per drawn batch, as a plain step.
     assert logs["trained_fraction"] == [1.0, 1.0]
     assert float(ops.convert_to_numpy(wrapped._masked_share)) < 0.5
+
+
+class _EpochTimes(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.times = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.times.append(time.perf_counter() - self.start)
+
+
+@pytest.mark.slow
+def test_filtered_epoch_costs_a_plain_one_at_a_low_masked_share():
+    # Nothing is masked (random labels, a learning rate of 0): the filters
+    # must cost what plain ASSpeed does. Epoch times of the three models,
+    # fitted in turn twice (ABCABC), the compiling epoch left out.
+    rng = np.random.default_rng(0)
+    n, width = 4096, 1024
+    x = rng.standard_normal((n, 256)).astype("float32")
+    y = rng.integers(0, 10, n).astype("int32")
+
+    def model():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((256,))
+        hidden = keras.layers.Dense(width, activation="relu")(inputs)
+        hidden = keras.layers.Dense(width, activation="relu")(hidden)
+        return keras.Model(inputs, keras.layers.Dense(10)(hidden))
+
+    candidates = {
+        "plain": None,
+        "skip": filters.SkipMasked(warmup_epochs=0),
+        "last_seen": filters.SkipMaskedLastSeen(n, warmup_epochs=0),
+    }
+    wrapped, times = {}, {name: [] for name in candidates}
+    for name, sample_filter in candidates.items():
+        wrapped[name] = kas.ASSpeed(model(), sample_filter=sample_filter)
+        wrapped[name].compile(
+            optimizer=keras.optimizers.SGD(0.0),
+            loss=kas.ASSoftmaxLoss(0.3),
+            jit_compile=JIT[0],
+        )
+    for _ in range(2):
+        for name, w in wrapped.items():
+            inputs = x if name != "last_seen" else filters.with_sample_ids(x)
+            timer = _EpochTimes()
+            logs = w.fit(
+                inputs, y, batch_size=64, epochs=4, verbose=0, callbacks=[timer]
+            ).history
+            assert logs["masked_ratio"][-1] == 0.0
+            if name != "plain":
+                assert logs["trained_fraction"] == [1.0] * 4
+            times[name] += timer.times[1:]
+    plain = np.median(times["plain"])
+    for name in ("skip", "last_seen"):
+        ratio = np.median(times[name]) / plain
+        assert ratio < 1.3, (name, ratio, times)
 
 
 def sentence_data(n=64, seed=0):
