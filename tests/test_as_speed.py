@@ -445,6 +445,82 @@ def test_token_classification_counts_only_real_tokens():
     )
 
 
+def joint_model(seed=1):
+    """Intent (one label per sentence) plus slots (one per token)."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((5, 6))
+    hidden = keras.layers.Dense(16, activation="relu")(inputs)
+    intent = keras.layers.Dense(4, name="intent")(
+        keras.layers.GlobalAveragePooling1D()(hidden)
+    )
+    slots = keras.layers.Dense(3, name="slots")(hidden)
+    return keras.Model(inputs, {"intent": intent, "slots": slots})
+
+
+def joint_data(n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 5, 6)).astype("float32")
+    intent = x.mean(1)[:, :4].argmax(-1).astype("int32")
+    slots = x[..., :3].argmax(-1).astype("int32")
+    return x, {"intent": intent, "slots": slots}
+
+
+def test_several_outputs_count_the_named_output():
+    x, y = joint_data()
+    wrapped = kas.ASSpeed(joint_model(), masked_outputs="intent")
+    wrapped.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss={
+            "intent": kas.ASSoftmaxLoss(0.3),
+            "slots": keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True
+            ),
+        },
+        jit_compile=JIT,
+    )
+    logs = wrapped.fit(x, y, batch_size=16, epochs=8, verbose=0).history
+    assert logs["masked_ratio"][-1] > 0.3
+    assert max(logs["accum_steps"]) > 1
+    assert logs["loss"][-1] < logs["loss"][0]  # both heads train
+    # Evaluation counts the intent rows only, as the loss would mask them.
+    ratio = wrapped.evaluate(x, y, return_dict=True, verbose=0)["masked_ratio"]
+    pred = wrapped.predict(x, verbose=0)["intent"]
+    masked, counted = kas.count_masked_rows(
+        kas.ASSoftmaxLoss(0.3), y["intent"], pred
+    )
+    assert counted == len(x)
+    np.testing.assert_allclose(ratio, float(masked) / len(x), atol=1e-6)
+    config = wrapped.get_config()
+    assert config["masked_outputs"] == ["intent"]
+
+
+def test_several_outputs_bad_input():
+    x, y = joint_data()
+    ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    losses = {"intent": kas.ASSoftmaxLoss(0.3), "slots": ce}
+
+    def fit(wrapped, loss=losses):
+        wrapped.compile(optimizer="adam", loss=loss)
+        wrapped.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+    with pytest.raises(ValueError, match="masked_outputs"):
+        fit(kas.ASSpeed(joint_model()))
+    with pytest.raises(ValueError, match="among the model's outputs"):
+        fit(kas.ASSpeed(joint_model(), masked_outputs="tags"))
+    with pytest.raises(ValueError, match="masks no rows"):
+        fit(kas.ASSpeed(joint_model(), masked_outputs=["intent", "slots"]))
+    with pytest.raises(ValueError, match="one output and one loss"):
+        fit(
+            kas.ASSpeed(
+                joint_model(),
+                masked_outputs="intent",
+                sample_filter=kas.filters.SkipMasked(),
+            )
+        )
+    with pytest.raises(ValueError, match="non-empty list"):
+        kas.ASSpeed(joint_model(), masked_outputs=[])
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="keras.Model"):
         kas.ASSpeed(keras.layers.Dense(3))

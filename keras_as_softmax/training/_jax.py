@@ -10,7 +10,6 @@ import jax
 import keras
 
 from keras_as_softmax import filters
-from keras_as_softmax.metrics import count_masked_rows
 from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import accumulation
 
@@ -126,9 +125,7 @@ class ASSpeedTrainer:
             )
             loss_value, y_pred, non_trainable, metrics_vars = aux
             non_trainable = list(non_trainable)
-            masked, rows = count_masked_rows(
-                self.loss, y, y_pred, sample_weight
-            )
+            masked, rows = self._count_masked(y, y_pred, sample_weight)
             loss_weight = keras.tree.flatten(x)[0].shape[0]
             metric_args = (x, y, y_pred, sample_weight)
             trained = 1.0

@@ -4,7 +4,6 @@ import keras
 import tensorflow as tf
 
 from keras_as_softmax import filters
-from keras_as_softmax.metrics import count_masked_rows
 from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import accumulation
 
@@ -191,9 +190,7 @@ class ASSpeedTrainer:
             grads = _dense_grads(
                 tape.gradient(scaled_loss, variables), variables
             )
-            masked, rows = count_masked_rows(
-                self.loss, y, y_pred, sample_weight
-            )
+            masked, rows = self._count_masked(y, y_pred, sample_weight)
             metric_args = (x, y, y_pred, sample_weight)
             trained = tf.constant(1.0)
             self._loss_tracker.update_state(

@@ -7,6 +7,8 @@ from keras import ops
 from keras_as_softmax import filters as filters_lib
 from keras_as_softmax._validation import check_int
 from keras_as_softmax._validation import check_positive
+from keras_as_softmax.losses import ASSoftmaxLoss
+from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
 from keras_as_softmax.metrics import MaskedRatio
 from keras_as_softmax.metrics import count_masked_rows
 from keras_as_softmax.training import _filtering
@@ -31,6 +33,7 @@ else:
 
 
 _FILTER_REDUCTIONS = ("sum_over_batch_size", "sum")
+_MASKING_LOSSES = (ASSoftmaxLoss, MultiLabelASSoftmaxLoss)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -70,7 +73,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     began), `accum_steps` (micro-batches per update) and `trained_fraction`
     (the share of drawn batches that a training pass stood for).
 
-    Supported: TensorFlow (eager, graph, `jit_compile=True`,
+    Supported: one output, or several with `masked_outputs`; TensorFlow
+    (eager, graph, `jit_compile=True`,
     `tf.distribute.MirroredStrategy` and `MultiWorkerMirroredStrategy`
     without a filter) and JAX, one device. Everything that cannot work is
     refused by `compile()` or by `fit()` before the first batch.
@@ -86,6 +90,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         sample_filter: `None`, a `keras_as_softmax.filters.SkipMasked`, a
             `keras_as_softmax.filters.SkipMaskedLastSeen`, or the list
             `[SkipMaskedLastSeen(n), SkipMasked()]`. Defaults to `None`.
+        masked_outputs: for a model with several outputs (a joint intent
+            and slot model, say), the name or list of names of the outputs
+            whose AS loss counts masked rows for the accumulation rule;
+            the other outputs train as usual. `None` (the default) needs a
+            model with one output and one loss. Filters need one output:
+            a sample can be skipped only when its whole loss is 0.
         **kwargs: passed to `keras.Model` (e.g. `name`).
 
     Example:
@@ -111,7 +121,13 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     """
 
     def __init__(
-        self, model, lam=0.5, max_steps=4, sample_filter=None, **kwargs
+        self,
+        model,
+        lam=0.5,
+        max_steps=4,
+        sample_filter=None,
+        masked_outputs=None,
+        **kwargs,
     ):
         filter_spec = kwargs.pop("filter_spec", None)
         if not isinstance(model, keras.Model):
@@ -129,6 +145,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self.lam = check_positive(lam, "lam")
         self.max_steps = check_int(max_steps, "max_steps", 1)
         self.sample_filters = filters_lib.as_list(sample_filter)
+        self.masked_outputs = _output_names(masked_outputs)
         self.masked_ratio_tracker = MaskedRatio(name="masked_ratio")
         self.trained_fraction_tracker = keras.metrics.Mean(
             name="trained_fraction"
@@ -356,12 +373,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         if self.optimizer is None:
             raise ValueError("Call `compile()` before `fit()`.")
         loss = self.loss
-        if not isinstance(loss, keras.losses.Loss):
+        if self.masked_outputs:
+            self._check_masked_outputs(loss)
+        elif not isinstance(loss, keras.losses.Loss):
             raise ValueError(
                 "ASSpeed counts masked rows with the loss's per-row values, "
                 "so compile it with one keras.losses.Loss instance, such as "
-                "keras_as_softmax.ASSoftmaxLoss(0.3) (one output; models "
-                "with several outputs are not supported). "
+                "keras_as_softmax.ASSoftmaxLoss(0.3), or for a model with "
+                "several outputs, name the outputs whose AS loss counts with "
+                "`ASSpeed(..., masked_outputs=[...])`. "
                 f"Received: loss={loss!r}"
             )
         if self.sample_filters and loss.reduction not in _FILTER_REDUCTIONS:
@@ -377,6 +397,59 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 f"replica. Received: a distribution with {replicas} replicas."
             )
 
+    def _check_masked_outputs(self, loss):
+        names = list(getattr(self.inner_model, "output_names", None) or [])
+        if self.sample_filters:
+            raise ValueError(
+                "ASSpeed's sample filters need a model with one output and "
+                "one loss: a sample can be skipped only when its whole loss "
+                "is 0. Expected: sample_filter=None with masked_outputs. "
+                f"Received: masked_outputs={self.masked_outputs!r}, "
+                f"sample_filter={self.sample_filters!r}"
+            )
+        if not isinstance(loss, (dict, list, tuple)):
+            raise ValueError(
+                "`masked_outputs` picks losses of a model with several "
+                "outputs: compile it with a dict (or list) of losses, one "
+                f"per output of {names}. Received: loss={loss!r}"
+            )
+        for name in self.masked_outputs:
+            if name not in names:
+                raise ValueError(
+                    f"Expected `masked_outputs` among the model's outputs "
+                    f"{names}. Received: {name!r}"
+                )
+            picked = _pick(loss, name, names)
+            if not isinstance(picked, _MASKING_LOSSES):
+                raise ValueError(
+                    f"The loss of output {name!r} masks no rows: AS-Speed "
+                    "counts rows whose loss is exactly 0, which only an AS "
+                    "loss (keras_as_softmax.ASSoftmaxLoss or "
+                    "MultiLabelASSoftmaxLoss) gives. Received: "
+                    f"{picked!r}. Name only outputs trained with an AS loss "
+                    "in `masked_outputs`."
+                )
+
+    def _count_masked(self, y, y_pred, sample_weight):
+        """`(masked, counted)` rows of the step, as float32 scalars: of the
+        one loss, or summed over `masked_outputs`."""
+        if not self.masked_outputs:
+            return count_masked_rows(self.loss, y, y_pred, sample_weight)
+        names = list(self.inner_model.output_names)
+        masked = counted = 0.0
+        for name in self.masked_outputs:
+            weight = sample_weight
+            if isinstance(sample_weight, (dict, list, tuple)):
+                weight = _pick(sample_weight, name, names)
+            m, c = count_masked_rows(
+                _pick(self.loss, name, names),
+                _pick(y, name, names),
+                _pick(y_pred, name, names),
+                weight,
+            )
+            masked, counted = masked + m, counted + c
+        return masked, counted
+
     def _replicas(self):
         if _BACKEND == "tensorflow":
             return self.distribute_strategy.num_replicas_in_sync
@@ -390,7 +463,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         # Evaluation counts masked rows here; train steps count them where
         # they have the per-row values and call `_step_metrics`.
-        counts = count_masked_rows(self.loss, y, y_pred, sample_weight)
+        counts = self._count_masked(y, y_pred, sample_weight)
         self.masked_ratio_tracker.update_counts(*counts)
         return super().compute_metrics(x, y, y_pred, sample_weight)
 
@@ -648,6 +721,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 for f in self.sample_filters
             ],
             filter_spec=self._filter_spec,
+            masked_outputs=self.masked_outputs,
         )
         return config
 
@@ -668,3 +742,29 @@ def _dtype(a):
     return keras.backend.standardize_dtype(
         a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
     )
+
+
+def _output_names(masked_outputs):
+    if masked_outputs is None:
+        return None
+    names = (
+        [masked_outputs]
+        if isinstance(masked_outputs, str)
+        else list(masked_outputs)
+    )
+    if not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(
+            "Expected `masked_outputs` to be an output name or a non-empty "
+            f"list of them. Received: masked_outputs={masked_outputs!r}"
+        )
+    return names
+
+
+def _pick(structure, name, names):
+    """The entry of output `name` in a dict keyed by output name, or in a
+    list in the order of `names`; anything else is returned as it is."""
+    if isinstance(structure, dict):
+        return structure[name]
+    if isinstance(structure, (list, tuple)):
+        return structure[names.index(name)]
+    return structure
