@@ -830,3 +830,87 @@ def test_multi_worker_mirrored_strategy_matches_single_device():
             worker["val_loss"], single["val_loss"], rtol=1e-5
         )
     assert max(single["steps"]) == 3  # the steps really moved
+
+
+# Accumulation and both filters under JAX's `keras.distribution.DataParallel`
+# on two host devices, against one device: the same fit, the same samples.
+DATA_PARALLEL_SCRIPT = """import json, os
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import numpy as np, keras, jax
+import keras_as_softmax as kas
+from keras_as_softmax import filters
+
+rng = np.random.default_rng(0)
+n = 96
+x = rng.standard_normal((n, 6)).astype("float32")
+y = x[:, :4].argmax(-1).astype("int32")
+
+def train(sample_filter, ids):
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(16, activation="relu")(inputs)
+    model = kas.ASSpeed(
+        keras.Model(inputs, keras.layers.Dense(4)(hidden)),
+        sample_filter=sample_filter,
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.03), loss=kas.ASSoftmaxLoss(0.3)
+    )
+    xs = filters.with_sample_ids(x) if ids else x
+    hist = model.fit(
+        xs, y, batch_size=8, epochs=5, shuffle=False, verbose=0
+    ).history
+    if not ids:
+        return model.get_weights(), hist, None
+    memory = keras.ops.convert_to_numpy(model._memory).tolist()
+    return model.get_weights(), hist, memory
+
+cases = {
+    "plain": (lambda: None, False),
+    "skip": (lambda: filters.SkipMasked(0.0, warmup_epochs=1), False),
+    "hybrid": (
+        lambda: [filters.SkipMaskedLastSeen(n, seed=3), filters.SkipMasked(0.0)],
+        True,
+    ),
+}
+out = {}
+single = {k: train(f(), ids) for k, (f, ids) in cases.items()}
+keras.distribution.set_distribution(keras.distribution.DataParallel())
+assert len(jax.devices()) == 2
+for k, (f, ids) in cases.items():
+    w, h, mem = train(f(), ids)
+    sw, sh, smem = single[k]
+    out[k] = {
+        "diff": max(float(np.abs(a - b).max()) for a, b in zip(w, sw)),
+        "trained": [h.get("trained_fraction"), sh.get("trained_fraction")],
+        "masked": [h["masked_ratio"], sh["masked_ratio"]],
+        "mem_equal": mem == smem,
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution on JAX")
+def test_data_parallel_matches_single_device():
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", DATA_PARALLEL_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for name, case in result.items():
+        assert case["diff"] < 1e-5, name
+        parallel, single = case["trained"]
+        assert parallel == single, name
+        np.testing.assert_allclose(*case["masked"], err_msg=name)
+        assert case["mem_equal"], name
+    # The filters really left samples out.
+    assert min(result["skip"]["trained"][1]) < 0.5
+    assert min(result["hybrid"]["trained"][1]) < 0.5

@@ -74,10 +74,11 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     (the share of drawn batches that a training pass stood for).
 
     Supported: one output, or several with `masked_outputs`; TensorFlow
-    (eager, graph, `jit_compile=True`,
-    `tf.distribute.MirroredStrategy` and `MultiWorkerMirroredStrategy`
-    without a filter) and JAX, one device. Everything that cannot work is
-    refused by `compile()` or by `fit()` before the first batch.
+    (eager, graph, `jit_compile=True`, `tf.distribute.MirroredStrategy` and
+    `MultiWorkerMirroredStrategy` without a filter) and JAX (one device, or
+    `keras.distribution.DataParallel`, with or without a filter).
+    Everything that cannot work is refused by `compile()` or by `fit()`
+    before the first batch.
 
     Args:
         model: the `keras.Model` to train (functional, sequential,
@@ -391,9 +392,11 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 f"reduction={loss.reduction!r}"
             )
         replicas = self._replicas()
-        if self.sample_filters and replicas > 1:
+        if self.sample_filters and replicas > 1 and _BACKEND != "jax":
             raise ValueError(
-                "ASSpeed's sample filters train on one device. Expected one "
+                "ASSpeed's sample filters run on one device on TensorFlow "
+                "(on JAX, also under keras.distribution.DataParallel). "
+                "Expected one "
                 f"replica. Received: a distribution with {replicas} replicas."
             )
 
