@@ -870,7 +870,10 @@ cases = {
     "plain": (lambda: None, False),
     "skip": (lambda: filters.SkipMasked(0.0, warmup_epochs=1), False),
     "hybrid": (
-        lambda: [filters.SkipMaskedLastSeen(n, seed=3), filters.SkipMasked(0.0)],
+        lambda: [
+            filters.SkipMaskedLastSeen(n, seed=3),
+            filters.SkipMasked(0.0),
+        ],
         True,
     ),
 }
