@@ -304,9 +304,10 @@ class _EpochTimes(keras.callbacks.Callback):
 def test_filtered_epoch_costs_a_plain_one_at_a_low_masked_share():
     # Nothing is masked (random labels, a learning rate of 0): the filters
     # must cost what plain ASSpeed does. Epoch times of the three models,
-    # fitted in turn twice (ABCABC), the compiling epoch left out.
+    # fitted in turn three times (ABCABCABC), the compiling epoch left out;
+    # the fastest epoch of each, as load on the machine only adds time.
     rng = np.random.default_rng(0)
-    n, width = 4096, 1024
+    n, width = 2048, 2048
     x = rng.standard_normal((n, 256)).astype("float32")
     y = rng.integers(0, 10, n).astype("int32")
 
@@ -330,21 +331,26 @@ def test_filtered_epoch_costs_a_plain_one_at_a_low_masked_share():
             loss=kas.ASSoftmaxLoss(0.3),
             jit_compile=JIT[0],
         )
-    for _ in range(2):
+    for _ in range(3):
         for name, w in wrapped.items():
             inputs = x if name != "last_seen" else filters.with_sample_ids(x)
             timer = _EpochTimes()
             logs = w.fit(
-                inputs, y, batch_size=64, epochs=4, verbose=0, callbacks=[timer]
+                inputs,
+                y,
+                batch_size=128,
+                epochs=4,
+                verbose=0,
+                callbacks=[timer],
             ).history
             assert logs["masked_ratio"][-1] == 0.0
             if name != "plain":
                 assert logs["trained_fraction"] == [1.0] * 4
             times[name] += timer.times[1:]
-    plain = np.median(times["plain"])
+    plain = min(times["plain"])
     for name in ("skip", "last_seen"):
-        ratio = np.median(times[name]) / plain
-        assert ratio < 1.3, (name, ratio, times)
+        ratio = min(times[name]) / plain
+        assert ratio < 1.25, (name, ratio, times)
 
 
 def sentence_data(n=64, seed=0):
