@@ -615,16 +615,17 @@ def _finite_or_none(value):
     return value if math.isfinite(value) else None
 
 
-def method_block(row, runs, reference_runs):
+def method_block(row, runs, reference_runs, regime):
     """The JSON block of one method from its per-seed run records."""
     runs = sorted(runs, key=lambda run: run["seed"])
+    warmup_ratio = row.warmup_ratio if regime == "finetune" else 0.0
     block = {
         "label": row.label,
         "lab_method": row.method,
         "hyper_parameters": {
             **row.loss_kwargs,
             **({"delta": row.delta} if row.delta is not None else {}),
-            **({"warmup_ratio": row.warmup_ratio} if row.warmup_ratio else {}),
+            **({"warmup_ratio": warmup_ratio} if warmup_ratio else {}),
             **(
                 {"lam": row.lam, "max_steps": row.max_steps}
                 if "speed" in row.name
@@ -654,8 +655,11 @@ def method_block(row, runs, reference_runs):
     return block
 
 
-def build_json(store, args, started):
-    """The JSON document from `store[task_key][method] = [run records]`."""
+def build_json(store, args, started, command=None):
+    """The JSON document from `store[task_key][method] = [run records]`.
+
+    `command` is the command line of the first run of a resumed one.
+    """
     tasks = {}
     for task_key, methods in store.items():
         lab_task, regime = TASKS[task_key]
@@ -674,7 +678,9 @@ def build_json(store, args, started):
                 k: v for k, v in config.items() if not isinstance(v, dict)
             },
             "methods": {
-                name: method_block(rows[name], runs, methods.get(reference, []))
+                name: method_block(
+                    rows[name], runs, methods.get(reference, []), regime
+                )
                 for name, runs in methods.items()
                 if runs
             },
@@ -682,9 +688,12 @@ def build_json(store, args, started):
     import keras
     import tensorflow as tf
 
+    this = "python benchmarks/paper_tables.py " + " ".join(
+        sys.argv[1:] if args.argv is None else args.argv
+    )
     return {
-        "command": "python benchmarks/paper_tables.py "
-        + " ".join(sys.argv[1:] if args.argv is None else args.argv),
+        "command": (command or this).strip(),
+        **({"resumed_with": this.strip()} if command else {}),
         "date": started,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, "
         f"{platform.system()}",
@@ -732,11 +741,13 @@ def run_all(args):
         "%Y-%m-%d %H:%M UTC"
     )
     store = {}
+    command = None
     if args.resume and os.path.exists(path):
         with open(path) as f:
             previous = json.load(f)
         store = _store_from_json(previous)
         started = previous.get("date", started)
+        command = previous.get("command")
     workspace = Workspace(args)
     t0 = time.perf_counter()
     # Seeds outermost: an interrupted run has every method for its first
@@ -753,7 +764,7 @@ def run_all(args):
                 t = time.perf_counter()
                 record = run_one(workspace, task_key, row, seed)
                 runs.append(record)
-                write_json(build_json(store, args, started), path)
+                write_json(build_json(store, args, started, command), path)
                 print(
                     f"[{time.perf_counter() - t0:6.0f}s] {task_key:18s} "
                     f"{row.name:16s} seed {seed}: val {record['val']:.4f} "
@@ -766,7 +777,7 @@ def run_all(args):
                     f"({time.perf_counter() - t:.0f}s)",
                     flush=True,
                 )
-    document = build_json(store, args, started)
+    document = build_json(store, args, started, command)
     write_json(document, path)
     return document
 
@@ -803,14 +814,12 @@ def verdict(diffs):
         return "not measured"
     mean = 100 * float(np.mean(diffs))
     if all(d > 0 for d in diffs):
-        word = "higher on every seed"
+        word = "**higher here** on every seed"
     elif all(d < 0 for d in diffs):
-        word = "lower on every seed"
-    elif all(d == 0 for d in diffs):
-        word = "equal on every seed"
+        word = "**lower here** on every seed"
     else:
-        word = "no consistent difference (seeds disagree)"
-    return f"{mean:+.2f} points, {word} ({signs(diffs)})"
+        word = "**no consistent difference here**"
+    return f"{word}: {mean:+.2f} points (seeds {signs(diffs)})"
 
 
 # ------------------------------------------------------------------ plots
@@ -848,7 +857,9 @@ def plot_task(task_key, task, out):
             )
     ax.set_xlabel("validation loss, min-max normalised per run")
     ax.set_ylabel(f"validation {metric} (%)")
-    ax.set_title(f"{task_key} ({REGIME_NAMES[task['regime']]})")
+    ax.set_title(
+        f"{task_key} ({REGIME_NAMES[task['regime']]}), a line per seed"
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -884,7 +895,7 @@ def plot_task(task_key, task, out):
         pad = max(1.0, 0.3 * (high - low))
         ax.set_ylim(max(0.0, low - pad), min(100.0, high + pad))
     ax.set_ylabel(f"test {metric} (%) at min val loss")
-    ax.set_title(f"{task_key}: mean ± std over seeds (dots: seeds)")
+    ax.set_title(f"{task_key}: mean ± std, dots: seeds (y axis cut)")
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     bar_file = f"paper_tables_{task_key}_test_bars.png"
@@ -949,6 +960,17 @@ def render_task(task_key, task, image_prefix):
         f"### `{task_key}`: {REGIME_NAMES[task['regime']]}, {metric}",
         "",
         f"Data: `{task['source']}`; {_config_line(task)}.",
+        "",
+        "Hyper-parameters: "
+        + "; ".join(
+            f"{block['label']} "
+            + ", ".join(
+                f"{k} {v:g}" for k, v in block["hyper_parameters"].items()
+            )
+            for block in methods.values()
+            if block["hyper_parameters"]
+        )
+        + ".",
         "",
         f"| method | seeds | val (last) | test (last) | val (best) "
         f"| test at best val | test at min val loss "
@@ -1060,12 +1082,18 @@ def render_markdown(document, image_prefix=""):
         "with other jobs while measuring: training seconds are "
         "indicative). "
         f"Python {v['python']}, Keras {v['keras']}, TensorFlow "
-        f"{v['tensorflow']} (graphs, no XLA). Seeds {seeds}. "
+        f"{v['tensorflow']} (graphs, no XLA). Seeds "
+        f"{', '.join(str(s) for s in seeds)}. "
         "Written by the script from `benchmarks/results/paper_tables.json`.",
         "",
         "Command (from the repository root):",
         "",
-        f"    {document['command'].strip()}",
+        f"    {document['command']}",
+        *(
+            [f"    {document['resumed_with']}  # completed the JSON"]
+            if "resumed_with" in document
+            else []
+        ),
         "",
         "Methods, hyper-parameters, sizes and what each column means: the "
         "docstring of `benchmarks/paper_tables.py`. In short: metrics in "
@@ -1083,7 +1111,9 @@ def render_markdown(document, image_prefix=""):
         "hyper-parameters we borrowed: another data set, another model, "
         "shown only for the direction of each comparison. The paper's "
         "AS-Speed has no sample filter; our multi-class AS-Speed row has "
-        "`[SkipMaskedLastSeen, SkipMasked]`.",
+        '`[SkipMaskedLastSeen, SkipMasked]`. With 3 seeds, "higher on '
+        'every seed" happens by chance one time in eight when two methods '
+        "are equal: read the reading lines as weak evidence either way.",
         "",
     ]
     if document.get("smoke"):
