@@ -975,9 +975,9 @@ def render_task(task_key, task, image_prefix):
         f"| method | seeds | val (last) | test (last) | val (best) "
         f"| test at best val | test at min val loss "
         f"| diff vs {ref_label} at min val loss (+/-) | Pearson r "
-        f"| train s | masked (last epoch) | paper: {paper['dataset']} "
-        f"| paper r |",
-        "|" + "---|" * 13,
+        f"| train s | epochs | masked (last epoch) "
+        f"| paper: {paper['dataset']} | paper r |",
+        "|" + "---|" * 14,
     ]
     for name, block in methods.items():
         diff = block["diff_vs_reference"]["test_at_min_val_loss"]
@@ -1007,6 +1007,7 @@ def render_task(task_key, task, image_prefix):
                     diff_text,
                     mean_std(block["pearson"], 1.0),
                     mean_std(block["train_seconds"], 1.0, 1),
+                    mean_std(block["epochs"], 1.0, 1),
                     masked,
                     f"{paper_metric:.2f}" if paper_metric is not None else "-",
                     f"{paper_r:.3f}" if paper_r is not None else "-",
@@ -1050,6 +1051,17 @@ def render_task(task_key, task, image_prefix):
             f"- Pearson r of validation loss and metric (mean over seeds): "
             f"{r_text}. The paper's claim is AS-Softmax near -0.9 on every "
             "task."
+        )
+    cap = task["config"]["epochs"]
+    if task["config"].get("patience"):
+        capped = sum(
+            e >= cap for block in methods.values() for e in block["epochs"]
+        )
+        total = sum(len(block["epochs"]) for block in methods.values())
+        lines.append(
+            f"- Early stopping: {capped} of {total} runs ran to the "
+            f"{cap}-epoch cap without the patience rule stopping them"
+            + (": those had not converged." if capped else ".")
         )
     curve_file = f"paper_tables_{task_key}_loss_vs_metric.png"
     bar_file = f"paper_tables_{task_key}_test_bars.png"

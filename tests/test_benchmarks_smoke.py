@@ -169,23 +169,16 @@ def test_paper_tables_smoke_writes_json_plots_and_markdown(tmp_path):
     assert text.count(paper_tables.BEGIN) == 1
     assert "results/paper_tables_token_test_bars.png" in text
     # Re-rendering replaces the section instead of appending a second one.
-    result = subprocess.run(
+    paper_tables.main(
         [
-            sys.executable,
-            str(PAPER_TABLES),
             "--smoke",
             "--render-only",
             "--out",
             str(tmp_path / "results"),
             "--results-md",
             str(md),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
+        ]
     )
-    assert result.returncode == 0, result.stdout + result.stderr
     assert md.read_text().count(paper_tables.BEGIN) == 1
 
 
