@@ -655,10 +655,11 @@ def method_block(row, runs, reference_runs, regime):
     return block
 
 
-def build_json(store, args, started, command=None):
+def build_json(store, args, started, command=None, resumed=()):
     """The JSON document from `store[task_key][method] = [run records]`.
 
-    `command` is the command line of the first run of a resumed one.
+    `command` is the command line of the first run of a resumed one, and
+    `resumed` the command lines of the earlier resumptions.
     """
     tasks = {}
     for task_key, methods in store.items():
@@ -693,7 +694,7 @@ def build_json(store, args, started, command=None):
     )
     return {
         "command": (command or this).strip(),
-        **({"resumed_with": this.strip()} if command else {}),
+        **({"resumed_with": [*resumed, this.strip()]} if command else {}),
         "date": started,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, "
         f"{platform.system()}",
@@ -741,13 +742,14 @@ def run_all(args):
         "%Y-%m-%d %H:%M UTC"
     )
     store = {}
-    command = None
+    command, resumed = None, []
     if args.resume and os.path.exists(path):
         with open(path) as f:
             previous = json.load(f)
         store = _store_from_json(previous)
         started = previous.get("date", started)
         command = previous.get("command")
+        resumed = previous.get("resumed_with", [])
     workspace = Workspace(args)
     t0 = time.perf_counter()
     # Seeds outermost: an interrupted run has every method for its first
@@ -764,7 +766,9 @@ def run_all(args):
                 t = time.perf_counter()
                 record = run_one(workspace, task_key, row, seed)
                 runs.append(record)
-                write_json(build_json(store, args, started, command), path)
+                write_json(
+                    build_json(store, args, started, command, resumed), path
+                )
                 print(
                     f"[{time.perf_counter() - t0:6.0f}s] {task_key:18s} "
                     f"{row.name:16s} seed {seed}: val {record['val']:.4f} "
@@ -777,7 +781,7 @@ def run_all(args):
                     f"({time.perf_counter() - t:.0f}s)",
                     flush=True,
                 )
-    document = build_json(store, args, started, command)
+    document = build_json(store, args, started, command, resumed)
     write_json(document, path)
     return document
 
@@ -1052,6 +1056,20 @@ def render_task(task_key, task, image_prefix):
             f"{r_text}. The paper's claim is AS-Softmax near -0.9 on every "
             "task."
         )
+    counts = {name: len(block["seeds"]) for name, block in methods.items()}
+    most = max(counts.values())
+    short = [
+        f"{methods[name]['label']} ({n})"
+        for name, n in counts.items()
+        if n < most
+    ]
+    if short:
+        lines.append(
+            f"- Seeds: {most} for most rows; fewer for "
+            + ", ".join(short)
+            + ": those runs did not fit in the time this run had, so "
+            "their rows are weaker evidence."
+        )
     cap = task["config"]["epochs"]
     if task["config"].get("patience"):
         capped = sum(
@@ -1102,9 +1120,8 @@ def render_markdown(document, image_prefix=""):
         "",
         f"    {document['command']}",
         *(
-            [f"    {document['resumed_with']}  # completed the JSON"]
-            if "resumed_with" in document
-            else []
+            f"    {resumed}  # resumed: skips the runs in the JSON"
+            for resumed in document.get("resumed_with", [])
         ),
         "",
         "Methods, hyper-parameters, sizes and what each column means: the "
