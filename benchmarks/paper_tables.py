@@ -817,10 +817,11 @@ def verdict(diffs):
     if not diffs:
         return "not measured"
     mean = 100 * float(np.mean(diffs))
+    which = "on its one seed" if len(diffs) == 1 else "on every seed"
     if all(d > 0 for d in diffs):
-        word = "**higher here** on every seed"
+        word = f"**higher here** {which}"
     elif all(d < 0 for d in diffs):
-        word = "**lower here** on every seed"
+        word = f"**lower here** {which}"
     else:
         word = "**no consistent difference here**"
     return f"{word}: {mean:+.2f} points (seeds {signs(diffs)})"
@@ -1056,6 +1057,18 @@ def render_task(task_key, task, image_prefix):
             f"{r_text}. The paper's claim is AS-Softmax near -0.9 on every "
             "task."
         )
+    unit = {
+        "multiclass": "class",
+        "multilabel": "positive label",
+        "tokens": "entity",
+    }[lab_task]
+    for block in methods.values():
+        tests = _values(block["test"])
+        if tests and max(tests) == 0:
+            lines.append(
+                f"- {block['label']} scored 0 on the test set on every "
+                f"seed: in this budget it never predicted a correct {unit}."
+            )
     counts = {name: len(block["seeds"]) for name, block in methods.items()}
     most = max(counts.values())
     short = [
@@ -1065,7 +1078,7 @@ def render_task(task_key, task, image_prefix):
     ]
     if short:
         lines.append(
-            f"- Seeds: {most} for most rows; fewer for "
+            f"- Seeds: {most} for the other rows; fewer for "
             + ", ".join(short)
             + ": those runs did not fit in the time this run had, so "
             "their rows are weaker evidence."
