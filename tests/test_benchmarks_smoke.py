@@ -4,6 +4,8 @@ Only checks that the script works (tiny shapes, 2 rounds); it asserts
 nothing about the times it prints.
 """
 
+import json
+import math
 import os
 import pathlib
 import subprocess
@@ -75,3 +77,126 @@ def test_step_cost_quick_runs_and_prints_the_bound():
     # The labels set the masked share that the train step then reports.
     row = [line for line in out.splitlines() if "graph, 6/8 masked" in line][0]
     assert "masked 0.75" in row and "trained 0.25" in row, out
+
+
+PAPER_TABLES = SCRIPT.parent / "paper_tables.py"
+# Every method row runs in the scratch tasks; one fine-tuning task (tiny
+# random BERT) covers that regime.
+SMOKE_TASKS = "multiclass_scratch,multilabel_scratch,token_scratch,token"
+
+
+def _load_paper_tables():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("paper_tables", PAPER_TABLES)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_task_block(task_key, block, rows):
+    assert block["regime"] in ("finetune", "scratch"), task_key
+    assert isinstance(block["metric"], str), task_key
+    assert set(block["methods"]) == {row.name for row in rows}, task_key
+    for name, method in block["methods"].items():
+        where = f"{task_key}/{name}"
+        assert method["seeds"] == [0], where
+        for key in (
+            "val",
+            "test",
+            "val_best",
+            "test_at_best_val",
+            "test_at_min_val_loss",
+            "train_seconds",
+        ):
+            values = method[key]
+            assert len(values) == 1, where
+            assert values[0] is not None and math.isfinite(values[0]), where
+        # Pearson may be undefined on a constant tiny run, never NaN.
+        assert len(method["pearson"]) == 1, where
+        assert method["pearson"][0] is None or math.isfinite(
+            method["pearson"][0]
+        ), where
+        assert method["train_seconds"][0] > 0, where
+        assert method["epochs"][0] >= 1, where
+        for key, diffs in method["diff_vs_reference"].items():
+            assert len(diffs) == 1 and math.isfinite(diffs[0]), (where, key)
+        curve = method["curves"][0]
+        assert len(curve["val_loss"]) == len(curve["val_metric"]) >= 1, where
+        assert all(math.isfinite(v) for v in curve["val_loss"]), where
+
+
+def test_paper_tables_smoke_writes_json_plots_and_markdown(tmp_path):
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("paper_tables.py trains on TensorFlow")
+    pytest.importorskip("keras_hub")
+    pytest.importorskip("matplotlib")
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+    md = tmp_path / "RESULTS.md"
+    md.write_text("# Results\n\n## Kept section\n\nunchanged\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(PAPER_TABLES),
+            "--smoke",
+            "--tasks",
+            SMOKE_TASKS,
+            "--out",
+            str(tmp_path / "results"),
+            "--results-md",
+            str(md),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    document = json.loads(
+        (tmp_path / "results" / "paper_tables.json").read_text()
+    )
+    paper_tables = _load_paper_tables()
+    assert list(document["tasks"]) == SMOKE_TASKS.split(",")
+    for task_key, block in document["tasks"].items():
+        lab_task, regime = paper_tables.TASKS[task_key]
+        assert block["regime"] == regime
+        _check_task_block(task_key, block, paper_tables.ROWS[lab_task])
+        for kind in ("loss_vs_metric", "test_bars"):
+            png = tmp_path / "results" / f"paper_tables_{task_key}_{kind}.png"
+            assert png.stat().st_size > 0, png
+    text = md.read_text()
+    assert "## Kept section\n\nunchanged" in text
+    assert text.count(paper_tables.BEGIN) == 1
+    assert "results/paper_tables_token_test_bars.png" in text
+    # Re-rendering replaces the section instead of appending a second one.
+    paper_tables.main(
+        [
+            "--smoke",
+            "--render-only",
+            "--out",
+            str(tmp_path / "results"),
+            "--results-md",
+            str(md),
+        ]
+    )
+    assert md.read_text().count(paper_tables.BEGIN) == 1
+
+
+def test_paper_tables_tfds_source_on_mock_data():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    pytest.importorskip("keras_hub")
+    from as_softmax_lab import datasets
+    from tests.test_datasets import _conll_as_dataset
+
+    paper_tables = _load_paper_tables()
+    with tfds.testing.mock_data(num_examples=5):
+        data = paper_tables.load_task_data("multiclass", "tfds")
+        assert data.name == "clinc_oos"
+        data = paper_tables.load_task_data("multilabel", "tfds", 4)
+        assert data.name == "goemotions" and data.multi_label
+    with tfds.testing.mock_data(as_dataset_fn=_conll_as_dataset(True)):
+        data = paper_tables.load_task_data("tokens", "tfds")
+    assert isinstance(data, datasets.TokenClassificationData)
+    assert data.name == "conll2003"
+    with pytest.raises(ValueError, match="source"):
+        paper_tables.load_task_data("tokens", "imdb")

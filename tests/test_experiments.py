@@ -202,6 +202,116 @@ def test_make_loss_and_build_classifier(tiny_backbone):
     )
 
 
+@pytest.mark.parametrize(
+    "method,task,kwargs",
+    [
+        ("label_smoothing", "multiclass", {"label_smoothing": 0.2}),
+        ("t_softmax", "tokens", {"temperature": 0.5}),
+        ("am_softmax", "multiclass", {"scale": 8.0, "margin": 0.35}),
+        ("sparsemax", "multiclass", {}),
+        ("entmax15", "tokens", {}),
+        ("sparse_softmax", "tokens", {"k": 3}),
+        ("bce", "multilabel", {}),
+    ],
+)
+def test_baseline_methods_make_their_losses(method, task, kwargs):
+    assert method in lab.BASELINE_METHODS and method not in lab.METHODS
+    loss = lab.make_loss(method, task, **kwargs)
+    rng = np.random.default_rng(0)
+    if task == "multilabel":
+        y = (rng.random((4, 6)) < 0.3).astype("float32")
+        logits = rng.normal(size=(4, 6)).astype("float32")
+    elif task == "tokens":
+        y = rng.integers(-1, 6, size=(4, 5)).astype("int32")
+        logits = rng.normal(size=(4, 5, 6)).astype("float32")
+    else:
+        y = rng.integers(0, 6, size=(4,)).astype("int32")
+        logits = rng.normal(size=(4, 6)).astype("float32")
+    value = float(keras.ops.convert_to_numpy(loss(y, logits)))
+    assert np.isfinite(value) and value > 0
+    for name, expected in kwargs.items():
+        assert getattr(loss, name) == pytest.approx(expected)
+    other = "multilabel" if task != "multilabel" else "multiclass"
+    with pytest.raises(ValueError, match="applies to tasks"):
+        lab.make_loss(method, other)
+    with pytest.raises(ValueError, match="hyper-parameters"):
+        lab.make_loss("softmax", task, k=3)
+
+
+def test_label_smoothing_loss_is_keras_on_one_hot_labels():
+    y = np.array([0, 2, 1])
+    logits = np.random.default_rng(1).normal(size=(3, 4)).astype("float32")
+    ours = lab.LabelSmoothingLoss(0.1)(y, logits)
+    keras_loss = keras.losses.CategoricalCrossentropy(
+        from_logits=True, label_smoothing=0.1
+    )(np.eye(4)[y], logits)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(ours),
+        keras.ops.convert_to_numpy(keras_loss),
+        rtol=1e-6,
+    )
+    with pytest.raises(ValueError, match="label_smoothing"):
+        lab.LabelSmoothingLoss(1.0)
+
+
+def test_build_scratch_classifier_shapes():
+    x = {
+        "token_ids": np.ones((2, 7), "int32"),
+        "padding_mask": np.array([[1] * 7, [1] * 3 + [0] * 4], "int32"),
+    }
+    model = lab.build_scratch_classifier("multiclass", 5, 50)
+    assert tuple(model(x).shape) == (2, 5)
+    model = lab.build_scratch_classifier("tokens", 4, 50, hidden_dim=8)
+    assert tuple(model(x).shape) == (2, 7, 4)
+    with pytest.raises(ValueError, match="vocabulary_size"):
+        lab.build_scratch_classifier("multiclass", 5, 0)
+
+
+def test_run_patience_and_selected_checkpoints():
+    rng = np.random.default_rng(0)
+
+    def split(n):
+        ids = rng.integers(1, 30, size=(n, 6)).astype("int32")
+        x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+        return x, (ids[:, 0] % 3).astype("int32")
+
+    data = lab.PreparedData(
+        "toy", "multiclass", ("a", "b", "c"), split(64), split(32), split(32)
+    )
+    result = lab.run(
+        "sparse_softmax",
+        data,
+        None,
+        epochs=30,
+        batch_size=16,
+        learning_rate=0.05,
+        loss_kwargs={"k": 2},
+        build_model=lambda task, n: lab.build_scratch_classifier(task, n, 30),
+        patience=2,
+        select_test=True,
+        jit_compile=False,
+        verbose=0,
+    )
+    # A perfectly learnable toy task: the metric saturates, and training
+    # stops two epochs after its last improvement.
+    assert result.epochs < 30 and len(result.evals) == result.epochs
+    metrics = [e["val_metric"] for e in result.evals]
+    losses = [e["val_loss"] for e in result.evals]
+    best = result.selected["best_val"]
+    low = result.selected["min_val_loss"]
+    assert best["eval"] == int(np.argmax(metrics))
+    assert result.epochs - 1 - best["eval"] == 2
+    assert low["eval"] == int(np.argmin(losses))
+    assert low["val_loss"] == min(losses)
+    for picked in (best, low):
+        assert 0.0 <= picked["test_metric"] <= 1.0
+        assert np.isfinite(picked["test_loss"])
+    if low["eval"] == len(result.evals) - 1:
+        assert low["test_metric"] == result.test_metric
+    with pytest.raises(ValueError, match="patience"):
+        lab.run("softmax", data, None, patience=0)
+
+
 def test_wrap_model_builds_each_method(tiny_backbone):
     model = lab.build_classifier("multiclass", 3, tiny_backbone)
     assert lab.wrap_model("as_softmax", model, num_samples=8) is model

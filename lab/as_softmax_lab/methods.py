@@ -1,21 +1,32 @@
 """The training methods the lab compares, and what each one builds.
 
-A `Method` names a loss (softmax cross entropy or AS-Softmax) and whether
-the model is wrapped in `ASSpeed` (with which sample filters). `make_loss`
-and `wrap_model` turn a method into the objects a run trains with: they are
-the only place where the harness builds losses, `ASSpeed` and
-`MaskedSampleSkipper`.
+A `Method` names a loss (softmax cross entropy, AS-Softmax, or one of the
+paper's baselines) and whether the model is wrapped in `ASSpeed` (with
+which sample filters). `make_loss` and `wrap_model` turn a method into the
+objects a run trains with: they are the only place where the harness
+builds losses, `ASSpeed` and its sample filters.
+
+`METHODS` holds softmax, AS-Softmax and the AS-Speed variants (what the
+demo, notebooks and `benchmarks/as_speed.py` compare); `BASELINE_METHODS`
+holds the other losses of the paper's Table 2 (`benchmarks/paper_tables.py`
+runs them). `get_method` and `run` take a name from either.
 """
 
 import dataclasses
 
 import keras
+from keras import ops
 
 from keras_as_softmax import ASSpeed
 from keras_as_softmax import filters
+from keras_as_softmax.losses import AMSoftmaxLoss
 from keras_as_softmax.losses import ASSoftmaxLoss
+from keras_as_softmax.losses import Entmax15Loss
 from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelCategoricalCrossentropy
+from keras_as_softmax.losses import SparsemaxLoss
+from keras_as_softmax.losses import SparseSoftmaxLoss
+from keras_as_softmax.losses import TemperatureSoftmaxLoss
 
 TASKS = ("multiclass", "multilabel", "tokens")
 IGNORE_CLASS = -1
@@ -40,6 +51,9 @@ class Method:
             and train only on the samples not masked now (beyond the paper).
         skip_stale: with the `filters.SkipMaskedLastSeen` filter: leave out
             the samples that were masked when last seen (beyond the paper).
+        baseline: for the methods of `BASELINE_METHODS`, the baseline loss
+            (a `BASELINE_LOSSES` key); `None` for softmax and the AS
+            methods.
     """
 
     name: str
@@ -48,6 +62,7 @@ class Method:
     description: str
     skip_masked: bool = False
     skip_stale: bool = False
+    baseline: str | None = None
 
 
 METHODS = {
@@ -82,23 +97,126 @@ METHODS = {
 }
 
 
-def make_loss(method, task, delta=None):
+class LabelSmoothingLoss(keras.losses.Loss):
+    """Cross entropy with label smoothing, on integer labels and logits.
+
+    Keras's `categorical_crossentropy(..., label_smoothing=eps)` on the
+    one-hot labels: the target gets `1 - eps + eps / C`, every other class
+    `eps / C` (the paper's Label-Smoothing gives the others
+    `eps / (C - 1)`).
+
+    Args:
+        label_smoothing: `eps` in [0, 1). Defaults to `0.1`.
+        name: defaults to `"label_smoothing_crossentropy"`.
+    """
+
+    def __init__(
+        self, label_smoothing=0.1, name="label_smoothing_crossentropy"
+    ):
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(
+                "Expected `label_smoothing` in [0, 1). "
+                f"Received: label_smoothing={label_smoothing!r}"
+            )
+        super().__init__(name=name)
+        self.label_smoothing = float(label_smoothing)
+
+    def call(self, y_true, y_pred):
+        onehot = ops.one_hot(ops.cast(y_true, "int32"), ops.shape(y_pred)[-1])
+        return keras.losses.categorical_crossentropy(
+            onehot,
+            y_pred,
+            from_logits=True,
+            label_smoothing=self.label_smoothing,
+        )
+
+    def get_config(self):
+        return {"label_smoothing": self.label_smoothing, "name": self.name}
+
+
+def _label_smoothing(task, label_smoothing=0.1):
+    return LabelSmoothingLoss(label_smoothing)
+
+
+def _binary_cross_entropy(task):
+    return keras.losses.BinaryCrossentropy(from_logits=True)
+
+
+def _multiclass(loss_class):
+    def build(task, **kwargs):
+        ignore = IGNORE_CLASS if task == "tokens" else None
+        return loss_class(ignore_class=ignore, **kwargs)
+
+    return build
+
+
+# name: (the tasks it applies to, builder(task, **hyper_parameters)).
+BASELINE_LOSSES = {
+    "label_smoothing": (("multiclass",), _label_smoothing),
+    "t_softmax": (
+        ("multiclass", "tokens"),
+        _multiclass(TemperatureSoftmaxLoss),
+    ),
+    "am_softmax": (("multiclass", "tokens"), _multiclass(AMSoftmaxLoss)),
+    "sparsemax": (("multiclass", "tokens"), _multiclass(SparsemaxLoss)),
+    "entmax15": (("multiclass", "tokens"), _multiclass(Entmax15Loss)),
+    "sparse_softmax": (
+        ("multiclass", "tokens"),
+        _multiclass(SparseSoftmaxLoss),
+    ),
+    "bce": (("multilabel",), _binary_cross_entropy),
+}
+
+BASELINE_METHODS = {
+    name: Method(name, False, False, description, baseline=name)
+    for name, description in (
+        ("label_smoothing", "softmax cross entropy with label smoothing"),
+        ("t_softmax", "softmax cross entropy of logits / temperature"),
+        ("am_softmax", "additive-margin softmax (scale s, margin m)"),
+        ("sparsemax", "Sparsemax loss"),
+        ("entmax15", "1.5-Entmax loss"),
+        ("sparse_softmax", "Sparse-Softmax: cross entropy over the top k"),
+        ("bce", "binary cross entropy per class (sigmoid)"),
+    )
+}
+
+
+def make_loss(method, task, delta=None, **hyper_parameters):
     """The training loss of `method` for `task`.
 
     Args:
         method: a `METHODS` key or `Method`.
         task: one of `TASKS`.
         delta: the AS-Softmax margin. Defaults to `DEFAULT_DELTA[task]`.
+        **hyper_parameters: for a baseline method, the arguments of its
+            loss (e.g. `temperature=0.5` for `"t_softmax"`, `k=10` for
+            `"sparse_softmax"`, `label_smoothing=0.1`); the loss's own
+            defaults otherwise. Other methods take none.
 
     Returns:
         A `keras.losses.Loss`: for softmax,
         `SparseCategoricalCrossentropy(from_logits=True)` (with
         `ignore_class=-1` for tokens) or `MultiLabelCategoricalCrossentropy`;
         for the AS methods, `ASSoftmaxLoss(delta)` or
-        `MultiLabelASSoftmaxLoss(delta)`.
+        `MultiLabelASSoftmaxLoss(delta)`; for a baseline, its loss (label
+        smoothing is Keras's, on one-hot labels; `"bce"` is
+        `BinaryCrossentropy(from_logits=True)`).
     """
     method = get_method(method)
     check_task(task)
+    if method.baseline is not None:
+        tasks, build = BASELINE_LOSSES[method.baseline]
+        if task not in tasks:
+            raise ValueError(
+                f"The {method.name!r} baseline applies to tasks {tasks}. "
+                f"Received: task={task!r}"
+            )
+        return build(task, **hyper_parameters)
+    if hyper_parameters:
+        raise ValueError(
+            f"Method {method.name!r} takes no loss hyper-parameters other "
+            f"than `delta`. Received: {sorted(hyper_parameters)}"
+        )
     delta = DEFAULT_DELTA[task] if delta is None else delta
     ignore = IGNORE_CLASS if task == "tokens" else None
     if task == "multilabel":
@@ -117,12 +235,14 @@ def make_loss(method, task, delta=None):
 def get_method(method):
     if isinstance(method, Method):
         return method
-    if method not in METHODS:
-        raise ValueError(
-            f"Expected `method` in {tuple(METHODS)}. "
-            f"Received: method={method!r}"
-        )
-    return METHODS[method]
+    if method in METHODS:
+        return METHODS[method]
+    if method in BASELINE_METHODS:
+        return BASELINE_METHODS[method]
+    raise ValueError(
+        f"Expected `method` in {tuple(METHODS) + tuple(BASELINE_METHODS)}. "
+        f"Received: method={method!r}"
+    )
 
 
 def check_task(task):

@@ -114,3 +114,69 @@ def build_classifier(
     x = keras.layers.Dropout(dropout)(x)
     logits = keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
     return keras.Model(inputs, logits, name=f"bert_{task}_classifier")
+
+
+def build_scratch_classifier(
+    task,
+    num_classes,
+    vocabulary_size,
+    embedding_dim=64,
+    hidden_dim=128,
+    kernel_size=5,
+    dropout=0.1,
+):
+    """A small classifier on token ids, to train from scratch.
+
+    Inputs are the dict `{"token_ids", "padding_mask"}` of
+    `(batch, sequence_length)` int arrays (what `prepare_data` makes, less
+    `segment_ids`). For `"multiclass"`/`"multilabel"` it is an embedding
+    bag (fastText-like): the masked mean of the token embeddings, dropout,
+    `Dense(num_classes)`. For `"tokens"` it is a small CNN: the embeddings
+    through two `Conv1D(hidden_dim, kernel_size, "relu")` layers, dropout,
+    and `Dense(num_classes)` at every position.
+
+    Args:
+        task: one of `TASKS`.
+        num_classes: number of classes (or tags).
+        vocabulary_size: size of the token id vocabulary (e.g.
+            `tokenizer.vocabulary_size()`).
+        embedding_dim: embedding width. Defaults to `64`.
+        hidden_dim: convolution width (tokens only). Defaults to `128`.
+        kernel_size: convolution width in tokens (tokens only). Defaults
+            to `5`.
+        dropout: dropout rate before the output layer. Defaults to `0.1`.
+
+    Returns:
+        A functional `keras.Model` returning logits.
+    """
+    check_task(task)
+    for name, value in (
+        ("num_classes", num_classes),
+        ("vocabulary_size", vocabulary_size),
+        ("embedding_dim", embedding_dim),
+        ("hidden_dim", hidden_dim),
+        ("kernel_size", kernel_size),
+    ):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"Expected `{name}` to be an int >= 1. Received: {value!r}"
+            )
+    inputs = {
+        n: keras.Input(shape=(None,), dtype="int32", name=n)
+        for n in ("token_ids", "padding_mask")
+    }
+    x = keras.layers.Embedding(vocabulary_size, embedding_dim)(
+        inputs["token_ids"]
+    )
+    mask = ops.expand_dims(ops.cast(inputs["padding_mask"], x.dtype), -1)
+    if task == "tokens":
+        x = x * mask
+        for _ in range(2):
+            x = keras.layers.Conv1D(
+                hidden_dim, kernel_size, padding="same", activation="relu"
+            )(x)
+    else:
+        x = ops.sum(x * mask, axis=1) / ops.maximum(ops.sum(mask, axis=1), 1.0)
+    x = keras.layers.Dropout(dropout)(x)
+    logits = keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
+    return keras.Model(inputs, logits, name=f"scratch_{task}_classifier")

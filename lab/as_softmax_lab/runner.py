@@ -33,13 +33,27 @@ from keras_as_softmax.metrics import MaskedRatio
 
 
 class _Recorder(keras.callbacks.Callback):
-    """Per-batch masked ratio and timing, periodic validation."""
+    """Per-batch masked ratio and timing, periodic validation.
 
-    def __init__(self, tracker, evaluate, eval_every):
+    With `patience`, stops training once the validation metric has not
+    improved for `patience` epochs. With `keep_selected`, keeps a copy of
+    the weights at the evaluation with the best validation metric and at
+    the one with the lowest validation loss.
+    """
+
+    def __init__(
+        self, tracker, evaluate, eval_every, patience=None, keep_selected=False
+    ):
         super().__init__()
         self.tracker = tracker
         self.evaluate = evaluate
         self.eval_every = eval_every
+        self.patience = patience
+        self.keep_selected = keep_selected
+        # "best_val" / "min_val_loss" -> (index into evals, weights)
+        self.selected_weights = {}
+        self.stopped_epoch = None
+        self._best_metric, self._best_epoch = -np.inf, -1
         self.step = 0
         self.masked_ratio, self.accum_steps = [], []
         self.evals, self.epoch_times, self.epoch_batches = [], [], []
@@ -88,9 +102,31 @@ class _Recorder(keras.callbacks.Callback):
             self._evaluate(epoch)
         if self.evals[-1]["epoch"] is None:
             self.evals[-1]["epoch"] = epoch
+        if self.patience is not None:
+            best = max(e["val_metric"] for e in self.evals)
+            if best > self._best_metric:
+                self._best_metric, self._best_epoch = best, epoch
+            elif epoch - self._best_epoch >= self.patience:
+                self.stopped_epoch = epoch
+                self.model.stop_training = True
 
     def _evaluate(self, epoch):
         loss, metric = self.evaluate(self.model)
+        if self.keep_selected:
+            # Ties keep the earlier evaluation, as EarlyStopping does.
+            index = len(self.evals)
+            if not self.evals or metric > max(
+                e["val_metric"] for e in self.evals
+            ):
+                self.selected_weights["best_val"] = (
+                    index,
+                    self.model.get_weights(),
+                )
+            if not self.evals or loss < min(e["val_loss"] for e in self.evals):
+                self.selected_weights["min_val_loss"] = (
+                    index,
+                    self.model.get_weights(),
+                )
         self.evals.append(
             {
                 "step": self.step,
@@ -111,7 +147,8 @@ class RunResult:
 
     Attributes:
         method, seed, task, metric_name, dataset: identify the run.
-        epochs: number of epochs trained.
+        epochs: number of epochs trained (fewer than asked for when
+            `patience` stopped the run).
         steps_per_epoch: training batches per epoch.
         optimizer_updates: optimizer steps taken (fewer than batches under
             AS-Speed).
@@ -134,6 +171,12 @@ class RunResult:
         step_times: `(epoch, batch, seconds)` of every training step but
             the first (epochs counted from 1).
         model: the trained model (not printed).
+        selected: with `run(..., select_test=True)`, a dict with keys
+            `"best_val"` (the evaluation with the best validation metric)
+            and `"min_val_loss"` (the one with the lowest validation loss,
+            what `EarlyStopping(monitor="val_loss")` would keep), each a
+            dict `eval` (index into `evals`), `val_metric`, `val_loss`,
+            `test_metric`, `test_loss`; else `None`.
     """
 
     method: str
@@ -158,6 +201,7 @@ class RunResult:
     trained_fraction: list = dataclasses.field(default_factory=list)
     step_times: list = dataclasses.field(default_factory=list, repr=False)
     model: object = dataclasses.field(default=None, repr=False)
+    selected: dict | None = None
 
     @property
     def train_time(self):
@@ -211,13 +255,19 @@ def run(
     jit_compile=None,
     verbose=1,
     keep_model=False,
+    loss_kwargs=None,
+    build_model=None,
+    patience=None,
+    select_test=False,
 ):
     """Fine-tunes one model with one method and measures it.
 
     Args:
-        method: a `METHODS` key, e.g. `"softmax"`, `"as_softmax"`, `"as_speed"`.
+        method: a `METHODS` or `BASELINE_METHODS` key, e.g. `"softmax"`,
+            `"as_softmax"`, `"as_speed"`, `"sparsemax"`.
         data: a `PreparedData` (see `prepare_data`).
-        backbone: a `Backbone` (each run starts from its initial weights).
+        backbone: a `Backbone` (each run starts from its initial weights);
+            unused (may be `None`) when `build_model` is given.
         seed: seeds the head's initialisation, dropout and shuffling.
         epochs: training epochs (passes over `data.train`).
         batch_size: micro-batch size (AS-Speed accumulates several).
@@ -240,6 +290,21 @@ def run(
             `False` for every method, so that all run alike.)
         verbose: 1 shows Keras's progress bar, 0 nothing.
         keep_model: keep the trained model in the result.
+        loss_kwargs: dict of hyper-parameters of a baseline method's loss
+            (see `make_loss`). Defaults to the loss's own defaults.
+        build_model: optional callable `(task, num_classes) -> keras.Model`
+            returning logits, used instead of a BERT classifier on
+            `backbone` (e.g. a small model trained from scratch).
+        patience: if set, `epochs` is a maximum: training stops once the
+            validation metric has not improved for `patience` epochs.
+        select_test: also evaluate the test set with the weights of the
+            evaluation with the best validation metric and of the one with
+            the lowest validation loss (`RunResult.selected`). Those
+            weights are copied in memory at each new optimum.
+
+    The validation (and test) loss is the method's loss with its final
+    hyper-parameters: a separate instance, so `warmup_ratio` does not
+    change the loss the evaluations are scored with.
 
     Returns:
         A `RunResult`.
@@ -249,9 +314,18 @@ def run(
     delta = DEFAULT_DELTA[task] if delta is None else delta
     if jit_compile is None:
         jit_compile = keras.backend.backend() == "tensorflow" or "auto"
+    if patience is not None and (not isinstance(patience, int) or patience < 1):
+        raise ValueError(
+            f"Expected `patience` None or an int >= 1. Received: {patience!r}"
+        )
+    loss_kwargs = dict(loss_kwargs or {})
     keras.utils.set_random_seed(seed)
-    model = build_classifier(task, data.num_classes, backbone)
-    loss = make_loss(method, task, delta)
+    if build_model is not None:
+        model = build_model(task, data.num_classes)
+    else:
+        model = build_classifier(task, data.num_classes, backbone)
+    loss = make_loss(method, task, delta, **loss_kwargs)
+    eval_loss = make_loss(method, task, delta, **loss_kwargs)
     optimizer = keras.optimizers.AdamW(
         learning_rate=learning_rate, weight_decay=weight_decay
     )
@@ -286,7 +360,7 @@ def run(
 
     def evaluate(m):
         logits = _predict(m, x_val, eval_batch_size)
-        return _loss_value(loss, y_val, logits), task_metric(
+        return _loss_value(eval_loss, y_val, logits), task_metric(
             task, y_val, logits, data.class_names
         )
 
@@ -300,7 +374,13 @@ def run(
     eval_every = (
         max(1, steps_per_epoch // evals_per_epoch) if evals_per_epoch > 1 else 0
     )
-    recorder = _Recorder(tracker, evaluate, eval_every)
+    recorder = _Recorder(
+        tracker,
+        evaluate,
+        eval_every,
+        patience=patience,
+        keep_selected=select_test,
+    )
     callbacks = [recorder]
     if warmup_ratio > 0 and method.as_loss:
         callbacks.append(DeltaWarmup(warmup_ratio=warmup_ratio))
@@ -326,13 +406,34 @@ def run(
     x_test, y_test = data.test
     test_logits = _predict(model, x_test, eval_batch_size)
     final = recorder.evals[-1]
+    selected = None
+    if select_test:
+        selected = {}
+        last_weights = model.get_weights()
+        # The last evaluation scored the final weights: reuse their logits.
+        test_logits_at = {len(recorder.evals) - 1: test_logits}
+        for key, (index, weights) in recorder.selected_weights.items():
+            if index not in test_logits_at:
+                model.set_weights(weights)
+                test_logits_at[index] = _predict(model, x_test, eval_batch_size)
+            logits = test_logits_at[index]
+            selected[key] = {
+                "eval": index,
+                "val_metric": recorder.evals[index]["val_metric"],
+                "val_loss": recorder.evals[index]["val_loss"],
+                "test_metric": task_metric(
+                    task, y_test, logits, data.class_names
+                ),
+                "test_loss": _loss_value(eval_loss, y_test, logits),
+            }
+        model.set_weights(last_weights)
     return RunResult(
         method=method.name,
         seed=seed,
         task=task,
         metric_name=data.metric_name,
         dataset=data.name,
-        epochs=epochs,
+        epochs=len(recorder.epoch_times),
         steps_per_epoch=steps_per_epoch,
         optimizer_updates=int(ops.convert_to_numpy(model.optimizer.iterations)),
         compile_time=recorder.compile_time,
@@ -344,9 +445,10 @@ def run(
         val_metric=final["val_metric"],
         val_loss=final["val_loss"],
         test_metric=task_metric(task, y_test, test_logits, data.class_names),
-        test_loss=_loss_value(loss, y_test, test_logits),
+        test_loss=_loss_value(eval_loss, y_test, test_logits),
         test_margins=probability_margins(task, y_test, test_logits),
         trained_fraction=recorder.trained_fraction,
         step_times=recorder.step_times,
         model=model if keep_model else None,
+        selected=selected,
     )
