@@ -69,6 +69,14 @@ embedding 64 (CNN: 64 wide, kernel 3), one evaluation per epoch, at most
 20-40 s a run). All runs: TensorFlow graphs (`jit_compile=False`, as
 `benchmarks/as_speed.py`), seeds 0, 1, 2.
 
+What the full run costs: on 2026-11-23's shared 2-core machine (load
+average 4-6 from other jobs) a scratch seed of all 17 rows took about
+10 minutes, and a fine-tuning run 105-145 s (about 25-30 s of it tracing
+the train step), so all 102 runs need about 2 hours there, not the hour
+planned. The committed JSON was cut at the session's time limit; its
+RESULTS.md section lists the `--resume` commands and the rows with fewer
+seeds.
+
 Measured per run: validation and test metric at the last epoch, at the
 evaluation with the best validation metric, and at the one with the
 lowest validation loss (the method's own loss with its final
@@ -82,7 +90,7 @@ differences from the task's reference row.
 Usage (from the repository root):
 
 ```
-python benchmarks/paper_tables.py                  # the full run (~80 min)
+python benchmarks/paper_tables.py                  # the full run (see below)
 python benchmarks/paper_tables.py --smoke --out /tmp/pt   # CI: ~2 min
 python benchmarks/paper_tables.py --tasks multiclass_scratch --seeds 0
 python benchmarks/paper_tables.py --render-only    # JSON -> plots, Markdown
