@@ -452,23 +452,6 @@ def _without_segment_ids(prepared):
     )
 
 
-def tiny_backbone(tokenizer):
-    """A one-layer, 16-wide random BERT (the smoke run's backbone)."""
-    import keras_hub
-
-    import as_softmax_lab as lab
-
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=tokenizer.vocabulary_size(),
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=64,
-    )
-    return lab.Backbone(backbone, tokenizer)
-
-
 class Workspace:
     """Backbone, tokenizer and prepared data, loaded once, on demand."""
 
@@ -493,7 +476,7 @@ class Workspace:
             import as_softmax_lab as lab
 
             if self.args.smoke:
-                self._backbone = tiny_backbone(self.tokenizer)
+                self._backbone = lab.tiny_backbone(self.tokenizer)
             else:
                 self._backbone = lab.load_backbone(self.args.preset)
         return self._backbone

@@ -28,15 +28,7 @@ def tiny_backbone():
         _, tokenizer = load_bert("offline-minilm", load_weights=False)
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=tokenizer.vocabulary_size(),
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=32,
-    )
-    return lab.Backbone(backbone, tokenizer)
+    return lab.tiny_backbone(tokenizer, max_sequence_length=32)
 
 
 # ------------------------------------------------------------- BIO F1

@@ -53,6 +53,7 @@ from as_softmax_lab.models import Backbone
 from as_softmax_lab.models import build_classifier
 from as_softmax_lab.models import build_scratch_classifier
 from as_softmax_lab.models import load_backbone
+from as_softmax_lab.models import tiny_backbone
 from as_softmax_lab.plots import plot_loss_vs_metric
 from as_softmax_lab.plots import plot_margins
 from as_softmax_lab.plots import plot_masked_ratio

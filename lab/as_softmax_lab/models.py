@@ -51,6 +51,22 @@ def load_backbone(preset="offline-minilm", **kwargs):
     return Backbone(backbone, tokenizer, preset)
 
 
+def tiny_backbone(tokenizer, max_sequence_length=64):
+    """A one-layer, 16-wide randomly initialised BERT on `tokenizer`, as a
+    `Backbone`: for smoke runs and tests."""
+    import keras_hub
+
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=max_sequence_length,
+    )
+    return Backbone(backbone, tokenizer)
+
+
 def build_classifier(
     task, num_classes, backbone="offline-minilm", dropout=0.1, pooling="mean"
 ):
