@@ -1085,6 +1085,25 @@ def render_task(task_key, task, image_prefix):
             f"{cap}-epoch cap without the patience rule stopping them"
             + (": those had not converged." if capped else ".")
         )
+    else:
+        # A fixed budget: did the validation metric stop rising?
+        rising = total = 0
+        for block in methods.values():
+            for curve in block["curves"]:
+                metric = curve["val_metric"]
+                total += 1
+                rising += bool(metric) and metric[-1] >= max(metric) - 1e-9
+        lines.append(
+            f"- Budget: in {rising} of {total} runs the last evaluation had "
+            "the best validation metric, so training had not converged"
+            + (
+                ": these rows compare the methods early in training, "
+                "before most samples are masked, not at convergence (the "
+                "from-scratch tables above are trained to it)."
+                if 2 * rising > total
+                else "."
+            )
+        )
     curve_file = f"paper_tables_{task_key}_loss_vs_metric.png"
     bar_file = f"paper_tables_{task_key}_test_bars.png"
     lines += [

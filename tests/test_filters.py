@@ -54,38 +54,28 @@ class RecordingHooks:
         self.easy = easy
         self.trained, self.scored = [], []
 
-    def model_state(self):
-        return 0
+    def maybe_score(self, pred, x):
+        if not bool(ops.convert_to_numpy(pred)):
+            return np.zeros((len(ops.convert_to_numpy(x)), NUM_CLASSES))
+        logits, ids = self._predict(x)
+        self.scored.append(ids)
+        return logits
 
-    def set_model_state(self, state):
-        pass
-
-    def cond(self, pred, true_fn, false_fn, operands):
-        return (
-            true_fn(operands)
-            if bool(ops.convert_to_numpy(pred))
-            else false_fn(operands)
-        )
-
-    def zero_grads(self):
-        return [np.zeros(1, "float32")]
+    def maybe_train(self, pred, x, y, coefficients):
+        if not bool(ops.convert_to_numpy(pred)):
+            rows = len(ops.convert_to_numpy(x))
+            zeros = np.zeros(rows, "float32")
+            return [zeros[:1]], np.zeros((rows, NUM_CLASSES)), zeros, 0.0
+        logits, ids = self._predict(x)
+        self.trained.append((ids, ops.convert_to_numpy(coefficients)))
+        values = _filtering.row_values(kas.ASSoftmaxLoss(0.3), y, logits)
+        return [np.zeros(1, "float32")], logits, values, ops.sum(values)
 
     def _predict(self, x):
         ids = ops.convert_to_numpy(x)[:, 0].astype(int)
         logits = np.zeros((len(ids), NUM_CLASSES), "float32")
         logits[np.isin(ids, list(self.easy)), 0] = 10.0  # label 0: masked
         return logits, ids
-
-    def score(self, state, x):
-        logits, ids = self._predict(x)
-        self.scored.append(ids)
-        return logits, state
-
-    def train(self, state, x, y, coefficients):
-        logits, ids = self._predict(x)
-        self.trained.append((ids, ops.convert_to_numpy(coefficients)))
-        values = _filtering.row_values(kas.ASSoftmaxLoss(0.3), y, logits)
-        return self.zero_grads(), logits, values, ops.sum(values), state
 
 
 def run_pipeline(sample_filter, easy, n=32, batch=4, epochs=3):

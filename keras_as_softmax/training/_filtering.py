@@ -8,9 +8,12 @@ drawn batch -> [SkipMaskedLastSeen] -> queue -> [SkipMasked: score] -> queue
 ```
 
 Every shape is static: the scoring and training passes run on exactly
-`batch_size` rows, inside a conditional. The passes themselves, the
-conditional and how state is carried differ per backend and come in as
-`hooks`; everything else is `keras.ops`.
+`batch_size` rows. The passes come in as `hooks` from the backend's
+trainer: `maybe_score(pred, x)` and `maybe_train(pred, x, y, coefficients)`
+run one behind a conditional and return zeros when `pred` is false, so a
+conditional holds a pass and nothing else (the gathers of several
+replicas stay outside). Everything else is `keras.ops`, and a pass's
+results are used through `where` on its predicate.
 
 Each row carries the coefficient that the drawn batch's loss gives it
 (`sample_weight`, `ignore_class` positions and the mean's denominator of the
@@ -130,6 +133,22 @@ def _moving_share(share, n_all, n_masked):
     """The moving masked share, after a pass that counted `n_all` rows."""
     new = n_masked / ops.maximum(n_all, 1.0)
     return ops.where(n_all > 0, (1 - _EMA) * share + _EMA * new, share)
+
+
+def _pass_flags(loss, rows, y, y_pred, ran, values=None):
+    """`(counted, masked)` of the rows a pass ran on (none if it did not
+    run): counted rows carry a nonzero coefficient."""
+    if values is None:
+        values = row_values(loss, y, y_pred)
+    counted, masked, _ = row_flags(loss, rows.y[0], values, None)
+    counted = ops.logical_and(counted, rows.coefficients != 0)
+    counted = ops.logical_and(counted, ran)
+    return counted, ops.logical_and(masked, counted)
+
+
+def _rows_of(flag, rows):
+    """The scalar `flag` for every row of `rows`."""
+    return ops.logical_and(ops.ones_like(rows.counted) > 0, flag)
 
 
 def _broadcast_rows(values, rows):
@@ -253,43 +272,18 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
             go = ops.logical_and(go, ready)
         score_x = keras.tree.pack_sequence_as(x, rows.x)
         score_y = keras.tree.pack_sequence_as(y, rows.y)
-
-        def score(operands):
-            ms, memory = operands
-            y_pred, ms = hooks.score(ms, score_x)
-            values = row_values(loss, score_y, y_pred)
-            counted, masked, _ = row_flags(loss, rows.y[0], values, None)
-            counted = ops.logical_and(counted, rows.coefficients != 0)
-            masked = ops.logical_and(masked, counted)
-            sample_masked = _sample_masked(counted, masked)
-            if last_seen is not None:
-                memory = _record(
-                    memory,
-                    rows.ids,
-                    sample_masked,
-                    ops.ones_like(rows.counted) > 0,
-                )
-            keep = sample_masked < 0.5
-            return (
-                ms,
-                memory,
-                keep,
-                ops.sum(ops.cast(counted, "float32")),
-                ops.sum(ops.cast(masked, "float32")),
+        y_pred = hooks.maybe_score(go, score_x)
+        counted, masked = _pass_flags(loss, rows, score_y, y_pred, go)
+        sample_masked = _sample_masked(counted, masked)
+        if last_seen is not None:
+            memory = _record(
+                memory, rows.ids, sample_masked, _rows_of(go, rows)
             )
-
-        def no_score(operands):
-            ms, memory = operands
-            keep = ops.ones_like(rows.counted) > 0
-            if ready is not None:
-                keep = ops.logical_and(keep, ready)
-            zero = ops.zeros((), "float32")
-            return ms, memory, keep, zero, zero
-
-        ms, memory, keep, n_all, n_masked = hooks.cond(
-            go, score, no_score, (hooks.model_state(), memory)
-        )
-        hooks.set_model_state(ms)
+        keep = ops.where(go, sample_masked < 0.5, True)
+        if ready is not None:
+            keep = ops.logical_and(keep, ready)
+        n_all = ops.sum(ops.cast(counted, "float32"))
+        n_masked = ops.sum(ops.cast(masked, "float32"))
         scored = ops.cast(go, "float32")
         count_all += n_all
         count_masked += n_masked
@@ -311,46 +305,21 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
     rows = Rows.unflat(popped, n_x, n_y)
     train_x = keras.tree.pack_sequence_as(x, rows.x)
     train_y = keras.tree.pack_sequence_as(y, rows.y)
-
-    y_pred_dtype = model._output_dtype
-
-    def train(operands):
-        ms, memory = operands
-        grads, y_pred, values, value, ms = hooks.train(
-            ms, train_x, train_y, rows.coefficients
-        )
-        counted, masked, _ = row_flags(loss, rows.y[0], values, None)
-        counted = ops.logical_and(counted, rows.coefficients != 0)
-        masked = ops.logical_and(masked, counted)
-        if last_seen is not None:
-            memory = _record(
-                memory,
-                rows.ids,
-                _sample_masked(counted, masked),
-                ops.ones_like(rows.counted) > 0,
-            )
-        fresh = _broadcast_rows(1.0 - rows.counted, values)
-        n_all = ops.sum(ops.cast(counted, "float32") * fresh)
-        n_masked = ops.sum(ops.cast(masked, "float32") * fresh)
-        return ms, memory, grads, y_pred, n_all, n_masked, value
-
-    def no_train(operands):
-        ms, memory = operands
-        zero = ops.zeros((), "float32")
-        return (
-            ms,
-            memory,
-            hooks.zero_grads(),
-            ops.zeros((size, *model._output_tail), y_pred_dtype),
-            zero,
-            zero,
-            zero,
-        )
-
-    ms, memory, grads, y_pred, n_all, n_masked, value = hooks.cond(
-        full, train, no_train, (hooks.model_state(), memory)
+    grads, y_pred, values, value = hooks.maybe_train(
+        full, train_x, train_y, rows.coefficients
     )
-    hooks.set_model_state(ms)
+    counted, masked = _pass_flags(loss, rows, train_y, y_pred, full, values)
+    if last_seen is not None:
+        memory = _record(
+            memory,
+            rows.ids,
+            _sample_masked(counted, masked),
+            _rows_of(full, rows),
+        )
+    # Rows scored this step were counted then.
+    fresh = _broadcast_rows(1.0 - rows.counted, values)
+    n_all = ops.sum(ops.cast(counted, "float32") * fresh)
+    n_masked = ops.sum(ops.cast(masked, "float32") * fresh)
     state = state._replace(memory=memory)
     trained = ops.cast(full, "float32")
     if skip_masked is not None:

@@ -14,6 +14,12 @@ from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import accumulation
 
 
+def stateless_uniform(size, seed, counter):
+    """`size` uniform draws in [0, 1), a function of `(seed, counter)`."""
+    key = jax.random.fold_in(jax.random.key(seed), counter)
+    return jax.random.uniform(key, (size,))
+
+
 class _Hooks:
     """The passes of `_filtering.filtered_step` on JAX.
 
@@ -44,15 +50,42 @@ class _Hooks:
         ]
         self.state = [self.non_trainable[i] for i in self.pass_index]
 
-    def model_state(self):
-        return self.state
+    def maybe_score(self, pred, x):
+        """The scoring pass's predictions if `pred`, else zeros."""
 
-    def set_model_state(self, state):
-        self.state = state
+        def skip(state, x):
+            return self._no_output(x), state
+
+        y_pred, self.state = jax.lax.cond(pred, self.score, skip, self.state, x)
+        return y_pred
+
+    def maybe_train(self, pred, x, y, coefficients):
+        """`(grads, y_pred, values, loss)` of the training pass if `pred`,
+        else zeros."""
+
+        def skip(state, x, y, coefficients):
+            zeros = keras.ops.zeros_like
+            outputs = (
+                [zeros(t) for t in self.trainable],
+                self._no_output(x),
+                zeros(coefficients),
+                keras.ops.zeros((), "float32"),
+            )
+            return outputs, state
+
+        outputs, self.state = jax.lax.cond(
+            pred, self.train, skip, self.state, x, y, coefficients
+        )
+        return outputs
 
     def merged_non_trainable(self):
         """The model's non-trainable values with the passes' updates."""
         return self._full(self.state)
+
+    def _no_output(self, x):
+        model = self.model
+        rows = keras.tree.flatten(x)[0].shape[0]
+        return keras.ops.zeros((rows, *model._output_tail), model._output_dtype)
 
     def _full(self, state):
         values = list(self.non_trainable)
@@ -62,12 +95,6 @@ class _Hooks:
 
     def _changed(self, values):
         return [values[i] for i in self.pass_index]
-
-    def cond(self, pred, true_fn, false_fn, operands):
-        return jax.lax.cond(pred, true_fn, false_fn, operands)
-
-    def zero_grads(self):
-        return [keras.ops.zeros_like(t) for t in self.trainable]
 
     def score(self, state, x):
         """A forward pass in training mode; only dropout's seed state
@@ -105,7 +132,7 @@ class _Hooks:
         (_, (loss, y_pred, values, updated)), grads = jax.value_and_grad(
             objective, has_aux=True
         )(self.trainable)
-        return grads, y_pred, values, loss, self._changed(updated)
+        return (grads, y_pred, values, loss), self._changed(updated)
 
 
 class ASSpeedTrainer:

@@ -50,6 +50,12 @@ def multi_worker_logs(logs):
     return {name: tf.reshape(value, [1]) for name, value in logs.items()}
 
 
+def stateless_uniform(size, seed, counter):
+    """`size` uniform draws in [0, 1), a function of `(seed, counter)`."""
+    seed = tf.cast(tf.stack([seed, counter]), "int64")
+    return tf.random.stateless_uniform([size], seed)
+
+
 def _dense_grads(grads, variables):
     return [
         tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
@@ -62,8 +68,8 @@ def _batch_size(x):
 
 
 class _Hooks:
-    """The passes of `_filtering.filtered_step` on TensorFlow: stateful,
-    so the model state carried through conditionals is a placeholder.
+    """The passes of `_filtering.filtered_step` on TensorFlow, each behind
+    a `tf.cond` that runs it only when due.
 
     With `jit_compile=True`, each pass is its own XLA function, called from
     a step that runs as a TensorFlow graph: the queues and conditionals are
@@ -73,31 +79,65 @@ class _Hooks:
     minutes on a CPU and runs several times slower.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, context=None):
         self.model = model
         self._score = _maybe_xla(self._score_pass, model)
         self._train = _maybe_xla(self._train_pass, model)
+        # Under MirroredStrategy (a replica `context`) the filters see the
+        # global batch on every replica and take the same decisions; each
+        # pass runs on the replica's slice of its rows.
+        self.context = context
 
-    def model_state(self):
-        return tf.zeros(())
-
-    def set_model_state(self, state):
-        pass
-
-    def cond(self, pred, true_fn, false_fn, operands):
-        return tf.cond(
-            pred, lambda: true_fn(operands), lambda: false_fn(operands)
+    def maybe_score(self, pred, x):
+        """The scoring pass's predictions if `pred`, else zeros."""
+        rows = self._local(x)
+        y_pred = tf.cond(
+            pred, lambda: self._score(rows), lambda: self._no_output(rows)
         )
+        return self.gather(y_pred)
 
-    def zero_grads(self):
-        return [tf.zeros_like(v) for v in self.model.trainable_variables]
+    def maybe_train(self, pred, x, y, coefficients):
+        """`(grads, y_pred, values, loss)` of the training pass if `pred`,
+        else zeros. Under several replicas the gradients are this replica's
+        (the step all-reduces them); the rest is the global batch's."""
+        rows = self._local((x, y, coefficients))
 
-    def score(self, state, x):
-        return self._score(x), state
+        def skip():
+            y_pred = self._no_output(rows[0])
+            variables = self.model.trainable_variables
+            values = tf.zeros(tf.shape(rows[2]), "float32")
+            zero = tf.zeros((), "float32")
+            return [tf.zeros_like(v) for v in variables], y_pred, values, zero
 
-    def train(self, state, x, y, coefficients):
-        grads, y_pred, values, loss = self._train(x, y, coefficients)
-        return grads, y_pred, values, loss, state
+        grads, y_pred, values, loss = tf.cond(
+            pred, lambda: self._train(*rows), skip
+        )
+        if self.context is not None:
+            loss = self.context.all_reduce("sum", loss)
+        return grads, self.gather(y_pred), self.gather(values), loss
+
+    def _no_output(self, x):
+        model = self.model
+        rows = _batch_size(x)
+        return tf.zeros((rows, *model._output_tail), model._output_dtype)
+
+    def _local(self, rows):
+        """This replica's slice of the global batch's rows."""
+        if self.context is None:
+            return rows
+        context = self.context
+        size = self.model._filter_batch_size // context.num_replicas_in_sync
+        start = context.replica_id_in_sync_group * size
+        return tf.nest.map_structure(lambda t: t[start : start + size], rows)
+
+    def gather(self, rows):
+        """All-gathers the replicas' rows (outside any conditional: a
+        collective may not sit in one built in replica context)."""
+        if self.context is None:
+            return rows
+        return tf.nest.map_structure(
+            lambda t: self.context.all_gather(t, axis=0), rows
+        )
 
     def _score_pass(self, x):
         """A forward pass in training mode (dropout as in a plain step);
@@ -160,9 +200,17 @@ class ASSpeedTrainer:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         strategy = tf.distribute.get_strategy()
         replicas = strategy.num_replicas_in_sync
+        context = tf.distribute.get_replica_context()
         if self.sample_filters:
+            if replicas > 1:
+                # One global queue: every replica sees the whole batch and
+                # takes the same decisions, as one device would.
+                hooks = _Hooks(self, context)
+                gather = hooks.gather
+            else:
+                hooks, gather = _Hooks(self), None
             inputs, output = self._filtered_step(
-                x, y, sample_weight, _Hooks(self)
+                x, y, sample_weight, hooks, gather
             )
             grads, loss = output.grads, output.loss
             rows, masked = output.rows, output.masked_rows
@@ -203,13 +251,13 @@ class ASSpeedTrainer:
             )
         )
         self._drawn.assign_add(1)
-        context = tf.distribute.get_replica_context()
         if replicas > 1:
             # Every replica accumulates the same all-reduced values (the
             # state variables aggregate "only_first_replica"), so all of
             # them take the same decisions at the same micro-batch.
             grads = context.all_reduce("sum", grads)
-            masked, rows = context.all_reduce("sum", [masked, rows])
+            if not self.sample_filters:  # counted on the global batch
+                masked, rows = context.all_reduce("sum", [masked, rows])
         state = accumulation.add(state, grads, rows, masked)
         for variable, value in zip(
             keras.tree.flatten(tuple(self._accumulation)),

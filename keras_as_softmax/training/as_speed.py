@@ -19,8 +19,11 @@ from keras_as_softmax.training._filtering import FilterState
 _BACKEND = keras.backend.backend()
 if _BACKEND == "tensorflow":
     from keras_as_softmax.training._tensorflow import ASSpeedTrainer
+    from keras_as_softmax.training._tensorflow import is_multi_worker
+    from keras_as_softmax.training._tensorflow import stateless_uniform
 elif _BACKEND == "jax":
     from keras_as_softmax.training._jax import ASSpeedTrainer
+    from keras_as_softmax.training._jax import stateless_uniform
 else:
 
     class ASSpeedTrainer:
@@ -74,9 +77,11 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     (the share of drawn batches that a training pass stood for).
 
     Supported: one output, or several with `masked_outputs`; TensorFlow
-    (eager, graph, `jit_compile=True`, `tf.distribute.MirroredStrategy` and
-    `MultiWorkerMirroredStrategy` without a filter) and JAX (one device, or
-    `keras.distribution.DataParallel`, with or without a filter).
+    (eager, graph, `jit_compile=True`, `tf.distribute.MirroredStrategy`,
+    and `MultiWorkerMirroredStrategy` without a filter) and JAX (one
+    device, or `keras.distribution.DataParallel`). Filters on several
+    devices take the same samples as on one, and need a batch size
+    divisible by the number of devices.
     Everything that cannot work is refused by `compile()` or by `fit()`
     before the first batch.
 
@@ -224,8 +229,13 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             self._memory = self._state(
                 "last_seen_masked", "float32", (last_seen.num_samples,)
             )
-            self._seed = keras.random.SeedGenerator(
-                last_seen.seed, name="revisit_seed"
+            seed = last_seen.seed
+            if seed is None:
+                seed = int(np.random.default_rng().integers(2**31 - 1))
+            self._revisit_seed = self._state(
+                "revisit_seed",
+                "int32",
+                initializer=keras.initializers.Constant(seed),
             )
         self._state_created = True
 
@@ -297,21 +307,34 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             if q is not None:
                 found += [*q.buffers, q.count]
         if self._last_seen is not None:
-            found += [self._memory, self._seed.state]
+            found += [self._memory]
         return found
 
-    def _filtered_step(self, x, y, sample_weight, hooks):
+    def _filtered_step(self, x, y, sample_weight, hooks, gather=None):
         """Runs the filters on a drawn batch and keeps their new state.
+
+        `gather`, under several replicas, all-gathers a replica's rows into
+        the global batch, which the filters then see on every replica.
 
         Returns:
             `(inputs, output)`: the inputs without sample ids, and the
             `_filtering.StepOutput`.
         """
         inputs, ids = filters_lib.split_sample_ids(x)
+        if gather is not None:
+            inputs, y, sample_weight, ids = (
+                None if t is None else keras.tree.map_structure(gather, t)
+                for t in (inputs, y, sample_weight, ids)
+            )
         draws = None
         if self._last_seen is not None:
-            size = ops.shape(keras.tree.flatten(inputs)[0])[:1]
-            draws = keras.random.uniform(size, seed=self._seed)
+            # Drawn from the seed and the batch's index in training, not a
+            # generator's state: the same on every replica and device
+            # count, and after a resume.
+            size = ops.shape(keras.tree.flatten(inputs)[0])[0]
+            spe = max(self._steps_per_epoch or 1, 1)
+            index = self._initial_epoch * spe + self._drawn.value
+            draws = stateless_uniform(size, self._revisit_seed.value, index)
         output, state = _filtering.filtered_step(
             self,
             self._filter_state(),
@@ -391,14 +414,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 f"reduction to be one of {_FILTER_REDUCTIONS}. Received: "
                 f"reduction={loss.reduction!r}"
             )
-        replicas = self._replicas()
-        if self.sample_filters and replicas > 1 and _BACKEND != "jax":
-            raise ValueError(
-                "ASSpeed's sample filters run on one device on TensorFlow "
-                "(on JAX, also under keras.distribution.DataParallel). "
-                "Expected one "
-                f"replica. Received: a distribution with {replicas} replicas."
-            )
+        if self.sample_filters and _BACKEND == "tensorflow":
+            if is_multi_worker(self.distribute_strategy):
+                raise ValueError(
+                    "ASSpeed's sample filters run on one worker (one device, "
+                    "or MirroredStrategy's replicas on one machine). "
+                    "Expected sample_filter=None under "
+                    "MultiWorkerMirroredStrategy. Received: "
+                    f"sample_filter={self.sample_filters!r}"
+                )
 
     def _check_masked_outputs(self, loss):
         names = list(getattr(self.inner_model, "output_names", None) or [])
@@ -593,6 +617,14 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 x, is_dataset, last_seen.num_samples, steps_per_epoch
             )
         batch = int(np.shape(keras.tree.flatten(inputs)[0])[0])
+        replicas = self._replicas()
+        if batch % replicas:
+            raise ValueError(
+                "With sample filters on several devices, every training pass "
+                "splits `batch_size` queued rows evenly over the devices. "
+                f"Expected a batch size divisible by {replicas} (devices). "
+                f"Received: {batch}"
+            )
         if self.preprocessor is not None:
             data = self._with_preprocessor(first_x, first_y, first_w, batch)[0]
             first_x, first_y, first_w = keras.utils.unpack_x_y_sample_weight(
