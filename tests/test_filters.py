@@ -278,6 +278,33 @@ def test_low_masked_share_takes_plain_steps():
     assert float(ops.convert_to_numpy(wrapped._masked_share)) < 0.5
 
 
+@pytest.mark.parametrize("jit_compile", JIT)
+def test_filters_train_a_multi_label_model(jit_compile):
+    # MultiLabelASSoftmaxLoss has no `ignore_class`: every row counts.
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 6)).astype("float32")
+    y = (x[:, :4] > 0.3).astype("float32")
+    wrapped = kas.ASSpeed(
+        small_model(),
+        sample_filter=[
+            filters.SkipMaskedLastSeen(64, revisit=0.5, seed=0),
+            filters.SkipMasked(0.0),
+        ],
+    )
+    wrapped.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=kas.MultiLabelASSoftmaxLoss(0.05),
+        jit_compile=jit_compile,
+    )
+    logs = wrapped.fit(
+        filters.with_sample_ids(x), y, batch_size=8, epochs=8, verbose=0
+    ).history
+    assert logs["trained_fraction"][0] == 1.0  # the warm-up epoch
+    assert logs["masked_ratio"][-1] > 0.5
+    assert logs["trained_fraction"][-1] < 0.5
+    assert np.isfinite(logs["loss"]).all()
+
+
 class _EpochTimes(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()

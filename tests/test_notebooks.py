@@ -56,7 +56,7 @@ def test_notebooks_run_in_quick_mode(tmp_path):
         text = "".join(
             o.get("text", "") for c in code for o in c.get("outputs", [])
         )
-        for method in ("softmax", "as_softmax", "as_speed"):
+        for method in ("softmax", "as_softmax", "as_skip_hybrid"):
             assert method in text
         images = [
             o

@@ -107,7 +107,7 @@ def row_coefficients(loss, y, sample_weight, row_shape):
     if loss.reduction == "sum_over_batch_size":
         denominator = (
             ops.sum(valid)
-            if loss.ignore_class is not None
+            if getattr(loss, "ignore_class", None) is not None
             else (ops.cast(ops.size(valid), "float32"))
         )
         coefficients = coefficients / ops.maximum(denominator, 1.0)
