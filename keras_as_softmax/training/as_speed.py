@@ -332,9 +332,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             # generator's state: the same on every replica and device
             # count, and after a resume.
             size = ops.shape(keras.tree.flatten(inputs)[0])[0]
-            spe = max(self._steps_per_epoch or 1, 1)
-            index = self._initial_epoch * spe + self._drawn.value
-            draws = stateless_uniform(size, self._revisit_seed.value, index)
+            draws = stateless_uniform(
+                size, self._revisit_seed.value, self._batch_index()
+            )
         output, state = _filtering.filtered_step(
             self,
             self._filter_state(),
@@ -348,11 +348,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self._assign_filter_state(state)
         return inputs, output
 
+    def _batch_index(self):
+        """The drawn batch's index in training, counted from epoch 0."""
+        spe = max(self._steps_per_epoch or 1, 1)
+        return self._initial_epoch * spe + self._drawn.value
+
     def _epoch_state(self):
         """`(epoch, epochs)`: the epoch a drawn batch belongs to."""
         spe = max(self._steps_per_epoch or 1, 1)
-        epoch = self._initial_epoch + self._drawn.value // spe
-        return epoch, self._epochs
+        return self._batch_index() // spe, self._epochs
 
     def call(self, inputs, training=None):
         inputs, _ = filters_lib.split_sample_ids(inputs)
