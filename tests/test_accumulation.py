@@ -34,6 +34,15 @@ def test_add_sums_gradients_and_counts():
     assert bool(ops.convert_to_numpy(accumulation.is_due(state)))
 
 
+def test_add_without_gradients_counts_only():
+    state = accumulation.init([np.ones(3, "float32")], steps=2)
+    state = accumulation.add(state, [np.ones(3, "float32")], 4, 1)
+    state = accumulation.add(state, None, 4, 4)  # no training pass
+    grads, counts = numpy(state)
+    np.testing.assert_allclose(grads[0], 1.0)
+    assert counts == [2.0, 8.0, 5.0, 2.0]
+
+
 def test_finish_window_takes_the_mean_and_follows_the_rule():
     state = accumulation.init([np.zeros(2, "float32")], steps=2)
     state = accumulation.add(state, [np.array([2.0, 4.0], "float32")], 10, 9)

@@ -79,10 +79,15 @@ class _Hooks:
     minutes on a CPU and runs several times slower.
     """
 
-    def __init__(self, model, context=None):
+    def __init__(self, model, context=None, grad_sums=None):
         self.model = model
+        # With `grad_sums` (the window's sum variables), the training pass
+        # adds its gradients to them in place, so a drawn batch without a
+        # training pass moves no gradient-sized memory.
+        self.grad_sums = grad_sums
+        train = self._train_pass if grad_sums is None else self._add_pass
         self._score = _maybe_xla(self._score_pass, model)
-        self._train = _maybe_xla(self._train_pass, model)
+        self._train = _maybe_xla(train, model)
         # Under MirroredStrategy (a replica `context`) the filters see the
         # global batch on every replica and take the same decisions; each
         # pass runs on the replica's slice of its rows.
@@ -104,14 +109,18 @@ class _Hooks:
 
         def skip():
             y_pred = self._no_output(rows[0])
-            variables = self.model.trainable_variables
             values = tf.zeros(tf.shape(rows[2]), "float32")
             zero = tf.zeros((), "float32")
+            if self.grad_sums is not None:
+                return y_pred, values, zero
+            variables = self.model.trainable_variables
             return [tf.zeros_like(v) for v in variables], y_pred, values, zero
 
-        grads, y_pred, values, loss = tf.cond(
-            pred, lambda: self._train(*rows), skip
-        )
+        outputs = tf.cond(pred, lambda: self._train(*rows), skip)
+        if self.grad_sums is not None:
+            grads, (y_pred, values, loss) = None, outputs
+        else:
+            grads, y_pred, values, loss = outputs
         if self.context is not None:
             loss = self.context.all_reduce("sum", loss)
         return grads, self.gather(y_pred), self.gather(values), loss
@@ -170,6 +179,13 @@ class _Hooks:
         grads = _dense_grads(tape.gradient(scaled, variables), variables)
         return grads, y_pred, values, loss
 
+    def _add_pass(self, x, y, coefficients):
+        """The training pass, its gradients added to `grad_sums`."""
+        grads, y_pred, values, loss = self._train_pass(x, y, coefficients)
+        for total, grad in zip(self.grad_sums, grads):
+            total.assign_add(tf.cast(grad, total.dtype))
+        return y_pred, values, loss
+
 
 def _maybe_xla(fn, model):
     if model._passes_jit_compile:
@@ -208,7 +224,8 @@ class ASSpeedTrainer:
                 hooks = _Hooks(self, context)
                 gather = hooks.gather
             else:
-                hooks, gather = _Hooks(self), None
+                grad_sums = self._accumulation.grad_sum
+                hooks, gather = _Hooks(self, grad_sums=grad_sums), None
             inputs, output = self._filtered_step(
                 x, y, sample_weight, hooks, gather
             )
@@ -245,10 +262,13 @@ class ASSpeedTrainer:
                 loss * replicas, sample_weight=_batch_size(x)
             )
         # Read after the forward pass, which builds a subclassed model.
+        # `grads` is None where the training pass added its gradients to
+        # the sums already: then the sums are neither read nor written here.
+        window = self._accumulation
+        if grads is None:
+            window = window._replace(grad_sum=[])
         state = accumulation.AccumulationState(
-            *keras.tree.map_structure(
-                lambda v: v.value, tuple(self._accumulation)
-            )
+            *keras.tree.map_structure(lambda v: v.value, tuple(window))
         )
         self._drawn.assign_add(1)
         if replicas > 1:
@@ -260,7 +280,7 @@ class ASSpeedTrainer:
                 masked, rows = context.all_reduce("sum", [masked, rows])
         state = accumulation.add(state, grads, rows, masked)
         for variable, value in zip(
-            keras.tree.flatten(tuple(self._accumulation)),
+            keras.tree.flatten(tuple(window)),
             keras.tree.flatten(tuple(state)),
         ):
             variable.assign(value)

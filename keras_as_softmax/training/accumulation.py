@@ -53,11 +53,16 @@ def init(variables, steps=1):
 
 
 def add(state, grads, rows, masked_rows):
-    """Adds one micro-batch: its gradients and its row counts."""
+    """Adds one micro-batch: its gradients and its row counts.
+
+    `grads=None` adds the counts only, for a trainer that added the
+    gradients to the sums already (or had none to add).
+    """
+    grad_sum = state.grad_sum
+    if grads is not None:
+        grad_sum = [s + ops.cast(g, s.dtype) for s, g in zip(grad_sum, grads)]
     return AccumulationState(
-        grad_sum=[
-            s + ops.cast(g, s.dtype) for s, g in zip(state.grad_sum, grads)
-        ],
+        grad_sum=grad_sum,
         micro_batches=state.micro_batches + 1,
         rows=state.rows + ops.cast(rows, "float32"),
         masked_rows=state.masked_rows + ops.cast(masked_rows, "float32"),
