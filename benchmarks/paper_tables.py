@@ -65,9 +65,10 @@ too many for 51 runs. From scratch (`SCRATCH`): the full splits
 (multi-class 20,060 / 2,006 / 2,006; multi-label 12,000 / 1,500 / 1,500;
 tokens 20,000 / 2,000 / 2,000), length 32, batch 256, AdamW 5e-3,
 embedding 64 (CNN: 64 wide, kernel 3), one evaluation per epoch, at most
-20 epochs, stopping 3 epochs after the best validation metric (about
-20-40 s a run). All runs: TensorFlow graphs (`jit_compile=False`, as
-`benchmarks/as_speed.py`), seeds 0, 1, 2.
+60 epochs, stopping 3 epochs after the best validation metric (about
+20-40 s a run; multi-label, the slowest to converge, longer). All runs:
+TensorFlow graphs (`jit_compile=False`, as `benchmarks/as_speed.py`),
+seeds 0, 1, 2.
 
 What the full run costs: on 2026-11-23's shared 2-core machine (load
 average 4-6 from other jobs) a scratch seed of all 17 rows took about
@@ -242,7 +243,7 @@ SCRATCH = dict(
     test=None,
     sequence_length=32,
     batch_size=256,
-    epochs=20,
+    epochs=60,
     evals_per_epoch=1,
     learning_rate=5e-3,
     patience=3,
@@ -653,7 +654,9 @@ def build_json(store, args, started, command=None, resumed=()):
     `resumed` the command lines of the earlier resumptions.
     """
     tasks = {}
-    for task_key, methods in store.items():
+    # In `TASKS` order, whichever order the runs were made in.
+    for task_key in (key for key in TASKS if key in store):
+        methods = store[task_key]
         lab_task, regime = TASKS[task_key]
         config = regime_config(regime, args.smoke)
         rows = {row.name: row for row in ROWS[lab_task]}
