@@ -15,7 +15,7 @@ accuracy no more than 2 points lower?), writes three plots to
 Usage:
 
 ```
-python examples/demo.py                     # ~14 minutes on 2 CPU cores
+python examples/demo.py                     # ~12 minutes on 2 CPU cores
 python examples/demo.py --quick             # smoke test, about a minute
 python examples/demo.py --source clinc_oos  # needs tensorflow-datasets, network
 python examples/demo.py --json demo.json    # also writes the figures
