@@ -12,6 +12,9 @@ each batch that `fit` draws, which samples go on to a training pass:
   weighting it `1 / revisit` so that the expected gradient is the full one
   (InfoBatch's rescaling). An estimate: a sample that became hard again is
   missed until it is revisited.
+* `InfoBatch` is the baseline it is measured against (Qin et al. 2024):
+  it leaves out, at random, samples whose loss when last seen was below
+  the mean, for any loss.
 * Both, in that order: `ASSpeed(model, sample_filter=[SkipMaskedLastSeen(n),
   SkipMasked()])`. The samples the first keeps are scored by the second.
 
@@ -119,20 +122,118 @@ class SkipMasked(SampleFilter):
         }
 
 
+class LastSeenFilter(SampleFilter):
+    """Base class of the filters that leave samples out without a pass,
+    from what the last pass that saw each sample recorded.
+
+    `ASSpeed` keeps one float32 value per sample id (a non-trainable
+    weight, so `.keras` files and `BackupAndRestore` keep it): every pass
+    writes `record(...)` for the samples it ran on, and a drawn sample is
+    a candidate for leaving out when `candidates(...)` says so. A
+    candidate is still trained on with probability `revisit` and then
+    weighted `1 / revisit`, so that the expected gradient is the full one.
+    At most `max_skipped_fraction` of a batch is left out: when a batch
+    holds more candidates, its revisit probability rises to keep the cap,
+    and the weight follows it.
+
+    The batches carry each sample's id: wrap the inputs with
+    `keras_as_softmax.filters.with_sample_ids` (arrays) or
+    `keras_as_softmax.filters.index_dataset` (a `tf.data.Dataset`).
+    """
+
+    needs_sample_ids = True
+    scores = False
+    # Name and initial value of the per-sample memory.
+    memory_name = None
+    memory_initial = 0.0
+
+    def __init__(
+        self,
+        num_samples,
+        revisit,
+        max_skipped_fraction,
+        seed=None,
+        warmup_epochs=1,
+        anneal_fraction=0.0,
+    ):
+        super().__init__(warmup_epochs, anneal_fraction)
+        self.num_samples = check_int(num_samples, "num_samples", 1)
+        self.revisit = check_fraction(revisit, "revisit")
+        if self.revisit == 0.0:
+            raise ValueError(
+                "Expected `revisit` in (0, 1]: a sample that is never "
+                "revisited stays out for good. Received: revisit=0.0"
+            )
+        self.max_skipped_fraction = check_fraction(
+            max_skipped_fraction, "max_skipped_fraction"
+        )
+        self.seed = None if seed is None else check_int(seed, "seed", 0)
+
+    def record(self, sample_loss, sample_masked):
+        """The memory value of samples that a pass just saw.
+
+        Args:
+            sample_loss: float32 `[batch]`, the mean loss of each sample's
+                counted rows (0 without any).
+            sample_masked: float32 `[batch]`, 1.0 where all of them are
+                masked.
+        """
+        raise NotImplementedError
+
+    def candidates(self, remembered, memory):
+        """bool `[batch]`: which drawn samples may be left out, from their
+        `remembered` values and the whole `memory`."""
+        raise NotImplementedError
+
+    def masked_when_seen(self, memory):
+        """float32 per sample: 1.0 where masked when last seen."""
+        raise NotImplementedError
+
+    def select(self, candidate, draws):
+        """Which rows to keep, and their weights.
+
+        Args:
+            candidate: bool `[batch]`, may be left out.
+            draws: float `[batch]`, uniform in [0, 1).
+
+        Returns:
+            `(keep, weight)`: bool `[batch]` and float32 `[batch]`.
+        """
+        batch = ops.cast(ops.shape(candidate)[0], "float32")
+        n_candidates = ops.sum(ops.cast(candidate, "float32"))
+        cap = self.max_skipped_fraction * batch
+        revisit = ops.maximum(
+            self.revisit, 1.0 - cap / ops.maximum(n_candidates, 1.0)
+        )
+        keep = ops.logical_or(ops.logical_not(candidate), draws < revisit)
+        weight = ops.where(
+            ops.logical_and(candidate, keep),
+            1.0 / ops.maximum(revisit, 1e-6),
+            1.0,
+        )
+        return keep, weight
+
+    def get_config(self):
+        return {
+            "num_samples": self.num_samples,
+            "seed": self.seed,
+            **super().get_config(),
+        }
+
+
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
-class SkipMaskedLastSeen(SampleFilter):
+class SkipMaskedLastSeen(LastSeenFilter):
     """Leaves out the samples that were masked when last seen.
 
     Needs no extra pass: `ASSpeed` remembers, per sample id, whether the
-    sample was masked the last time a pass saw it (a non-trainable weight,
-    so `.keras` files and `BackupAndRestore` keep it). A sample masked when
+    sample was masked the last time a pass saw it. A sample masked when
     last seen is revisited with probability `revisit` and then weighted
     `1 / revisit`, so the expected gradient equals the full one
-    (InfoBatch, Qin et al. 2024). At most `max_skipped_fraction` of a
-    batch is left out: when more of it was masked, the revisit probability
-    of that batch rises to keep the cap, and the weight follows it.
-    Samples never seen count as not masked, so the first epoch trains on
-    everything.
+    (InfoBatch's rescaling, Qin et al. 2024). At most
+    `max_skipped_fraction` of a batch is left out: when more of it was
+    masked, the revisit probability of that batch rises to keep the cap,
+    and the weight follows it. Samples never seen count as not masked, so
+    the first epoch trains on everything.
 
     The batches carry each sample's id: wrap the inputs with
     `keras_as_softmax.filters.with_sample_ids` (arrays) or
@@ -167,8 +268,7 @@ class SkipMaskedLastSeen(SampleFilter):
         Dynamic Data Pruning", ICLR 2024.
     """
 
-    needs_sample_ids = True
-    scores = False
+    memory_name = "last_seen_masked"
 
     def __init__(
         self,
@@ -179,49 +279,99 @@ class SkipMaskedLastSeen(SampleFilter):
         warmup_epochs=1,
         anneal_fraction=0.0,
     ):
-        super().__init__(warmup_epochs, anneal_fraction)
-        self.num_samples = check_int(num_samples, "num_samples", 1)
-        self.revisit = check_fraction(revisit, "revisit")
-        if self.revisit == 0.0:
-            raise ValueError(
-                "Expected `revisit` in (0, 1]: a sample that is never "
-                "revisited stays out for good. Received: revisit=0.0"
-            )
-        self.max_skipped_fraction = check_fraction(
-            max_skipped_fraction, "max_skipped_fraction"
+        super().__init__(
+            num_samples,
+            revisit,
+            max_skipped_fraction,
+            seed,
+            warmup_epochs,
+            anneal_fraction,
         )
-        self.seed = None if seed is None else check_int(seed, "seed", 0)
 
-    def select(self, was_masked, draws):
-        """Which rows to keep, and their weights.
+    def record(self, sample_loss, sample_masked):
+        return sample_masked
 
-        Args:
-            was_masked: bool `[batch]`, masked when last seen.
-            draws: float `[batch]`, uniform in [0, 1).
+    def candidates(self, remembered, memory):
+        return remembered > 0.5
 
-        Returns:
-            `(keep, weight)`: bool `[batch]` and float32 `[batch]`.
-        """
-        batch = ops.cast(ops.shape(was_masked)[0], "float32")
-        n_was = ops.sum(ops.cast(was_masked, "float32"))
-        cap = self.max_skipped_fraction * batch
-        revisit = ops.maximum(self.revisit, 1.0 - cap / ops.maximum(n_was, 1.0))
-        keep = ops.logical_or(ops.logical_not(was_masked), draws < revisit)
-        weight = ops.where(
-            ops.logical_and(was_masked, keep),
-            1.0 / ops.maximum(revisit, 1e-6),
-            1.0,
-        )
-        return keep, weight
+    def masked_when_seen(self, memory):
+        return memory
 
     def get_config(self):
         return {
-            "num_samples": self.num_samples,
             "revisit": self.revisit,
             "max_skipped_fraction": self.max_skipped_fraction,
-            "seed": self.seed,
             **super().get_config(),
         }
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class InfoBatch(LastSeenFilter):
+    """InfoBatch's pruning: leaves out, at random, samples whose loss when
+    last seen was below the mean.
+
+    The baseline that `SkipMaskedLastSeen` is measured against, and a
+    filter for any loss, softmax cross entropy included: a sample whose
+    last recorded loss is below the mean of all recorded losses is left
+    out with probability `prune`, and trained on otherwise with weight
+    `1 / (1 - prune)`. Every sample starts at a recorded loss of 1, so the
+    first epoch trains on everything, and by default the last 12.5% of
+    the epochs train on everything too (InfoBatch's annealing). Wrap the
+    inputs as for `SkipMaskedLastSeen`.
+
+    Under `ASSpeed`, left-out samples count as masked for the accumulation
+    rule; with a loss that masks nothing, pass `max_steps=1` to keep one
+    drawn batch per update.
+
+    Args:
+        num_samples: size of the training set (ids are in
+            `[0, num_samples)`).
+        prune: probability in [0, 1) that a below-mean sample is left out.
+            Defaults to `0.5` (InfoBatch's default).
+        seed: optional int seed of the pruning draws.
+        warmup_epochs: epochs trained on everything first. Defaults to `1`.
+        anneal_fraction: fraction of the epochs, at the end, trained on
+            everything. Defaults to `0.125`.
+
+    Reference:
+        Qin et al., "InfoBatch: Lossless Training Speed Up by Unbiased
+        Dynamic Data Pruning", ICLR 2024
+        (github.com/NUS-HPC-AI-Lab/InfoBatch).
+    """
+
+    memory_name = "last_seen_loss"
+    memory_initial = 1.0
+
+    def __init__(
+        self,
+        num_samples,
+        prune=0.5,
+        seed=None,
+        warmup_epochs=1,
+        anneal_fraction=0.125,
+    ):
+        prune = check_fraction(prune, "prune")
+        if prune == 1.0:
+            raise ValueError(
+                "Expected `prune` in [0, 1): a sample pruned with "
+                "probability 1 is never trained on again. Received: prune=1.0"
+            )
+        super().__init__(
+            num_samples, 1.0 - prune, 1.0, seed, warmup_epochs, anneal_fraction
+        )
+        self.prune = prune
+
+    def record(self, sample_loss, sample_masked):
+        return sample_loss
+
+    def candidates(self, remembered, memory):
+        return remembered < ops.mean(memory)
+
+    def masked_when_seen(self, memory):
+        return ops.cast(ops.equal(memory, 0.0), "float32")
+
+    def get_config(self):
+        return {"prune": self.prune, **super().get_config()}
 
 
 INPUTS_KEY = "inputs"
@@ -291,17 +441,16 @@ def as_list(sample_filter):
     for f in filters:
         if not isinstance(f, SampleFilter):
             raise ValueError(
-                "Expected `sample_filter` to be a "
-                "keras_as_softmax.filters.SkipMasked or SkipMaskedLastSeen, "
-                f"or a list of them. Received: {f!r}"
+                "Expected `sample_filter` to be a keras_as_softmax.filters "
+                "SkipMasked, SkipMaskedLastSeen or InfoBatch, or a list of "
+                f"them. Received: {f!r}"
             )
-    kinds = [type(f) for f in filters]
-    if len(set(kinds)) != len(kinds) or (
-        len(filters) == 2 and not isinstance(filters[0], SkipMaskedLastSeen)
-    ):
+    last_seen = [isinstance(f, LastSeenFilter) for f in filters]
+    if len(filters) > 2 or (len(filters) == 2 and last_seen != [True, False]):
         raise ValueError(
-            "Expected at most one filter of each kind, with "
-            "SkipMaskedLastSeen first: [SkipMaskedLastSeen(n), SkipMasked()]. "
+            "Expected at most two filters: a last-seen filter first "
+            "(SkipMaskedLastSeen or InfoBatch), then SkipMasked, as in "
+            "[SkipMaskedLastSeen(n), SkipMasked()]. "
             f"Received: sample_filter={filters!r}"
         )
     return filters

@@ -99,7 +99,9 @@ def run_pipeline(sample_filter, easy, n=32, batch=4, epochs=3):
     state = _filtering.FilterState(
         score_queue=queue() if last_seen and skip else None,
         train_queue=queue(),
-        memory=np.zeros(n, "float32") if last_seen else None,
+        memory=np.full(n, last_seen.memory_initial, "float32")
+        if last_seen
+        else None,
         masked_share=np.float32(1.0),
     )
     epoch = [0]
@@ -141,8 +143,9 @@ def run_pipeline(sample_filter, easy, n=32, batch=4, epochs=3):
         filters.SkipMasked(min_masked_ratio=0.0),
         filters.SkipMaskedLastSeen(32, revisit=0.25),
         [filters.SkipMaskedLastSeen(32, revisit=0.25), filters.SkipMasked(0.0)],
+        filters.InfoBatch(32, prune=0.75, anneal_fraction=0.0),
     ],
-    ids=["skip_masked", "last_seen", "both"],
+    ids=["skip_masked", "last_seen", "both", "infobatch"],
 )
 def test_every_training_pass_holds_a_full_batch_of_kept_samples(sample_filter):
     easy = set(range(0, 32, 2))  # half of the samples are masked
@@ -189,6 +192,43 @@ def test_revisited_samples_are_weighted_by_the_inverse_probability():
     np.testing.assert_allclose(
         ops.convert_to_numpy(weight), [2.0, 2.0, 1.0, 1.0]
     )
+
+
+def test_infobatch_prunes_below_mean_losses_and_rescales():
+    f = filters.InfoBatch(100, prune=0.75)
+    memory = np.array([1.0, 0.2, 3.0, 0.1, 0.0, 2.0], "float32")  # mean 1.05
+    remembered = memory[[0, 1, 2, 3]]
+    candidate = f.candidates(remembered, memory)
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(candidate), [True, True, False, True]
+    )
+    keep, weight = f.select(
+        candidate, np.array([0.1, 0.9, 0.1, 0.2], "float32")
+    )
+    # No cap: a below-mean sample is kept with probability 1 - prune.
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(keep), [True, False, True, True]
+    )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(weight), [4.0, 1.0, 1.0, 4.0]
+    )
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(f.masked_when_seen(memory)), [0, 0, 0, 0, 1, 0]
+    )
+    # What a pass records: each sample's mean loss over its counted rows.
+    values = np.array([[0.5, 1.5, 9.0], [0.0, 0.0, 0.0]], "float32")
+    counted = np.array([[True, True, False], [True, False, False]])
+    masked = np.logical_and(counted, values == 0)
+    memory = _filtering._record(
+        f,
+        np.ones(4, "float32"),
+        np.array([2, 0], "int32"),
+        counted,
+        masked,
+        values,
+        np.array([True, True]),
+    )
+    np.testing.assert_allclose(ops.convert_to_numpy(memory), [0, 1, 1, 1])
 
 
 def test_schedule_warms_up_and_anneals():
@@ -429,6 +469,37 @@ def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
     loaded.evaluate(filters.with_sample_ids(x), y, verbose=0)
 
 
+@pytest.mark.parametrize("jit_compile", JIT)
+def test_infobatch_trains_softmax_on_fewer_and_round_trips(
+    tmp_path, jit_compile
+):
+    x, y = sentence_data()
+    f = filters.InfoBatch(64, prune=0.5, seed=2)
+    wrapped = kas.ASSpeed(small_model(), max_steps=1, sample_filter=f)
+    wrapped.compile(
+        optimizer=keras.optimizers.Adam(0.03),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=jit_compile,
+    )
+    logs = wrapped.fit(
+        filters.with_sample_ids(x), y, batch_size=8, epochs=8, verbose=0
+    ).history
+    fractions = logs["trained_fraction"]
+    # Everything in the first epoch and in the annealed last one (12.5%).
+    assert fractions[0] == 1.0 and fractions[-1] == 1.0
+    assert 0.5 <= min(fractions[1:-1]) < 1.0
+    assert logs["accum_steps"][-1] == 1
+    memory = ops.convert_to_numpy(wrapped._memory)
+    assert wrapped._memory.name == "last_seen_loss"
+    # Losses, not 0/1 flags.
+    assert memory.min() >= 0.0 and np.any((memory > 0.0) & (memory < 1.0))
+    path = str(tmp_path / "infobatch.keras")
+    wrapped.save(path)
+    loaded = keras.saving.load_model(path)
+    assert loaded.sample_filters[0].get_config() == f.get_config()
+    np.testing.assert_array_equal(ops.convert_to_numpy(loaded._memory), memory)
+
+
 def test_index_dataset_ids_follow_samples_through_shuffling():
     import tensorflow as tf
 
@@ -484,7 +555,11 @@ def test_bad_input():
         filters.SkipMasked(min_masked_ratio=-0.1)
     with pytest.raises(ValueError, match="sample_filter"):
         kas.ASSpeed(small_model(), sample_filter="skip")
-    with pytest.raises(ValueError, match="SkipMaskedLastSeen first"):
+    with pytest.raises(ValueError, match="prune"):
+        filters.InfoBatch(10, prune=1.0)
+    with pytest.raises(ValueError, match="prune"):
+        filters.InfoBatch(10, prune=-0.1)
+    with pytest.raises(ValueError, match="last-seen filter first"):
         kas.ASSpeed(
             small_model(),
             sample_filter=[filters.SkipMasked(), filters.SkipMaskedLastSeen(4)],

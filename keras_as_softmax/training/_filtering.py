@@ -3,7 +3,8 @@
 A drawn batch goes through the filters in order, with a queue after each:
 
 ```
-drawn batch -> [SkipMaskedLastSeen] -> queue -> [SkipMasked: score] -> queue
+drawn batch -> [last seen: SkipMaskedLastSeen or InfoBatch] -> queue
+            -> [SkipMasked: score] -> queue
             -> training pass on `batch_size` queued rows, when that many wait
 ```
 
@@ -38,7 +39,7 @@ _EMA = 0.1
 
 
 class FilterState(NamedTuple):
-    score_queue: object  # RowQueue or None (no SkipMaskedLastSeen)
+    score_queue: object  # RowQueue or None (not two filters)
     train_queue: object  # RowQueue
     memory: object  # float32 [num_samples] (1.0: masked when last seen)
     masked_share: object  # float32 scalar, moving masked share
@@ -122,10 +123,23 @@ def _sample_masked(counted, masked):
     return ops.cast(flags, "float32")
 
 
-def _record(memory, ids, sample_masked, where):
-    """Writes `sample_masked` for the rows where `where` holds."""
+def _sample_loss(counted, values):
+    """Each sample's mean loss over its counted rows (0 without any)."""
+    counted = ops.cast(counted, "float32")
+    total, n = values * counted, counted
+    while len(total.shape) > 1:
+        total, n = ops.sum(total, axis=-1), ops.sum(n, axis=-1)
+    return total / ops.maximum(n, 1.0)
+
+
+def _record(last_seen, memory, ids, counted, masked, values, where):
+    """Writes what `last_seen` records of a pass's samples, for the rows
+    where `where` holds."""
+    new = last_seen.record(
+        _sample_loss(counted, values), _sample_masked(counted, masked)
+    )
     old = ops.take(memory, ids, axis=0)
-    new = ops.where(where, sample_masked, old)
+    new = ops.where(where, new, old)
     return ops.scatter_update(memory, ops.expand_dims(ids, -1), new)
 
 
@@ -136,14 +150,14 @@ def _moving_share(share, n_all, n_masked):
 
 
 def _pass_flags(loss, rows, y, y_pred, ran, values=None):
-    """`(counted, masked)` of the rows a pass ran on (none if it did not
-    run): counted rows carry a nonzero coefficient."""
+    """`(counted, masked, values)` of the rows a pass ran on (none counted
+    if it did not run): counted rows carry a nonzero coefficient."""
     if values is None:
         values = row_values(loss, y, y_pred)
     counted, masked, _ = row_flags(loss, rows.y[0], values, None)
     counted = ops.logical_and(counted, rows.coefficients != 0)
     counted = ops.logical_and(counted, ran)
-    return counted, ops.logical_and(masked, counted)
+    return counted, ops.logical_and(masked, counted), values
 
 
 def _rows_of(flag, rows):
@@ -228,11 +242,15 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
     count_all = ops.zeros((), "float32")
     count_masked = ops.zeros((), "float32")
 
-    # SkipMaskedLastSeen: leave out, without a pass, what was masked.
+    # The last-seen filter: leave out, without a pass, what it names
+    # from the memory (SkipMaskedLastSeen: what was masked).
     if last_seen is not None:
         active = last_seen.active(epoch, epochs)
-        was = ops.logical_and(ops.take(memory, rows.ids, axis=0) > 0.5, active)
-        keep, weight = last_seen.select(was, draws)
+        remembered = ops.take(memory, rows.ids, axis=0)
+        candidate = ops.logical_and(
+            last_seen.candidates(remembered, memory), active
+        )
+        keep, weight = last_seen.select(candidate, draws)
         rows = rows._replace(
             coefficients=rows.coefficients
             * _broadcast_rows(weight, rows.coefficients)
@@ -273,11 +291,17 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         score_x = keras.tree.pack_sequence_as(x, rows.x)
         score_y = keras.tree.pack_sequence_as(y, rows.y)
         y_pred = hooks.maybe_score(go, score_x)
-        counted, masked = _pass_flags(loss, rows, score_y, y_pred, go)
+        counted, masked, values = _pass_flags(loss, rows, score_y, y_pred, go)
         sample_masked = _sample_masked(counted, masked)
         if last_seen is not None:
             memory = _record(
-                memory, rows.ids, sample_masked, _rows_of(go, rows)
+                last_seen,
+                memory,
+                rows.ids,
+                counted,
+                masked,
+                values,
+                _rows_of(go, rows),
             )
         keep = ops.where(go, sample_masked < 0.5, True)
         if ready is not None:
@@ -308,12 +332,17 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
     grads, y_pred, values, value = hooks.maybe_train(
         full, train_x, train_y, rows.coefficients
     )
-    counted, masked = _pass_flags(loss, rows, train_y, y_pred, full, values)
+    counted, masked, values = _pass_flags(
+        loss, rows, train_y, y_pred, full, values
+    )
     if last_seen is not None:
         memory = _record(
+            last_seen,
             memory,
             rows.ids,
-            _sample_masked(counted, masked),
+            counted,
+            masked,
+            values,
             _rows_of(full, rows),
         )
     # Rows scored this step were counted then.

@@ -94,8 +94,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         max_steps: the cap `s` on accumulated micro-batches (int >= 1).
             Defaults to `4`.
         sample_filter: `None`, a `keras_as_softmax.filters.SkipMasked`, a
-            `keras_as_softmax.filters.SkipMaskedLastSeen`, or the list
-            `[SkipMaskedLastSeen(n), SkipMasked()]`. Defaults to `None`.
+            last-seen filter (`SkipMaskedLastSeen` or `InfoBatch`), or the
+            list `[SkipMaskedLastSeen(n), SkipMasked()]`. Defaults to
+            `None`.
         masked_outputs: for a model with several outputs (a joint intent
             and slot model, say), the name or list of names of the outputs
             whose AS loss counts masked rows for the accumulation rule;
@@ -170,10 +171,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
 
     @property
     def _filter_pair(self):
-        """`(SkipMaskedLastSeen or None, SkipMasked or None)`."""
+        """`(last-seen filter or None, SkipMasked or None)`."""
         last_seen = skip = None
         for f in self.sample_filters:
-            if isinstance(f, filters_lib.SkipMaskedLastSeen):
+            if isinstance(f, filters_lib.LastSeenFilter):
                 last_seen = f
             else:
                 skip = f
@@ -227,7 +228,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         last_seen = self._last_seen
         if last_seen is not None:
             self._memory = self._state(
-                "last_seen_masked", "float32", (last_seen.num_samples,)
+                last_seen.memory_name,
+                "float32",
+                (last_seen.num_samples,),
+                keras.initializers.Constant(last_seen.memory_initial),
             )
             seed = last_seen.seed
             if seed is None:
@@ -385,7 +389,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         """Share of the training set masked when last seen (or `None`)."""
         if self._last_seen is None:
             return None
-        return float(np.mean(ops.convert_to_numpy(self._memory)))
+        masked = self._last_seen.masked_when_seen(self._memory.value)
+        return float(np.mean(ops.convert_to_numpy(masked)))
 
     @property
     def preprocessor(self):
@@ -611,7 +616,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         if last_seen is not None:
             if ids is None:
                 raise ValueError(
-                    "SkipMaskedLastSeen needs each sample's id. Expected "
+                    f"{type(last_seen).__name__} needs each sample's id. "
+                    "Expected "
                     "inputs made by keras_as_softmax.filters.with_sample_ids "
                     "(arrays) or index_dataset (a tf.data.Dataset): a dict "
                     "{'inputs': x, 'sample_id': ids}. Received inputs of type "

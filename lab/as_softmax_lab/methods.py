@@ -51,6 +51,9 @@ class Method:
             and train only on the samples not masked now (beyond the paper).
         skip_stale: with the `filters.SkipMaskedLastSeen` filter: leave out
             the samples that were masked when last seen (beyond the paper).
+        infobatch: with the `filters.InfoBatch` filter (and no
+            accumulation): prune below-mean-loss samples at random, the
+            baseline the filters are measured against.
         baseline: for the methods of `BASELINE_METHODS`, the baseline loss
             (a `BASELINE_LOSSES` key); `None` for softmax and the AS
             methods.
@@ -62,7 +65,13 @@ class Method:
     description: str
     skip_masked: bool = False
     skip_stale: bool = False
+    infobatch: bool = False
     baseline: str | None = None
+
+    @property
+    def sample_ids(self):
+        """Whether its batches carry sample ids (a last-seen filter)."""
+        return self.skip_stale or self.infobatch
 
 
 METHODS = {
@@ -93,6 +102,14 @@ METHODS = {
         "(plus a revisited fraction)",
         skip_masked=True,
         skip_stale=True,
+    ),
+    "softmax_infobatch": Method(
+        "softmax_infobatch",
+        False,
+        True,
+        "softmax + InfoBatch: below-mean-loss samples pruned with "
+        "probability 0.5, kept ones weighted 2, all in the last 12.5%",
+        infobatch=True,
     ),
 }
 
@@ -258,8 +275,8 @@ def wrap_model(
     Args:
         method: a `METHODS` key or `Method`.
         model: the classifier (a `keras.Model` returning logits).
-        num_samples: the number of training samples (ids of
-            `SkipMaskedLastSeen`).
+        num_samples: the number of training samples (ids of the
+            last-seen filters).
         lam, max_steps: `ASSpeed`'s lambda and cap `s`.
         revisit: `SkipMaskedLastSeen`'s revisit probability.
         seed: seeds the revisit draws.
@@ -272,6 +289,9 @@ def wrap_model(
     if not method.as_speed:
         return model
     sample_filter = []
+    if method.infobatch:
+        sample_filter.append(filters.InfoBatch(num_samples, seed=seed))
+        max_steps = 1  # a loss without masked rows: one batch per update
     if method.skip_stale:
         sample_filter.append(
             filters.SkipMaskedLastSeen(num_samples, revisit=revisit, seed=seed)

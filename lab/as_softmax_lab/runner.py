@@ -392,7 +392,7 @@ def run(
         batch_size,
         shuffle_seed=seed,
         drop_remainder=True,
-        sample_ids=method.skip_stale,
+        sample_ids=method.sample_ids,
     )
     model.fit(
         train_ds.repeat(),
