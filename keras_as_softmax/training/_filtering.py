@@ -41,7 +41,7 @@ _EMA = 0.1
 class FilterState(NamedTuple):
     score_queue: object  # RowQueue or None (not two filters)
     train_queue: object  # RowQueue
-    memory: object  # float32 [num_samples] (1.0: masked when last seen)
+    memory: object  # float32 [num_samples]: what the last-seen filter records
     masked_share: object  # float32 scalar, moving masked share
 
 
