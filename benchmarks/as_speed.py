@@ -37,10 +37,19 @@ python benchmarks/as_speed.py
 KERAS_BACKEND=jax python benchmarks/as_speed.py
 python benchmarks/as_speed.py --methods softmax,as_speed --epochs 3
 python benchmarks/as_speed.py --quick           # smoke run
+# variants: a method, then `/key=value` settings of that run alone
+python benchmarks/as_speed.py --methods \
+    softmax,as_skip_hybrid,as_skip_hybrid/max_steps=1,as_skip_hybrid/anneal_fraction=0.125
 ```
+
+A variant's settings are `lam`, `max_steps` and `revisit`, or any
+argument of the method's filters (`anneal_fraction`, `warmup_epochs`,
+`max_skipped_fraction`, `min_masked_ratio`, `prune`); the variant is
+reported under its full name.
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -105,6 +114,30 @@ def parse_args(argv=None):
     return args
 
 
+RUN_SETTINGS = ("lam", "max_steps", "revisit")
+
+
+def parse_method(spec):
+    """`"name/key=value/..."` -> `(name, run settings, filter options)`."""
+    name, *settings = spec.split("/")
+    run_settings, filter_options = {}, {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep:
+            raise ValueError(
+                f"Expected `key=value` after the method name. Received: "
+                f"{setting!r} in {spec!r}"
+            )
+        value = (
+            int(value)
+            if key in ("max_steps", "warmup_epochs")
+            else float(value)
+        )
+        target = run_settings if key in RUN_SETTINGS else filter_options
+        target[key] = value
+    return name, run_settings, filter_options
+
+
 def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
@@ -135,8 +168,13 @@ def main(argv=None):
     for seed in args.seeds:
         for method in args.methods.split(","):
             t = time.perf_counter()
+            name, run_settings, filter_options = parse_method(method)
+            settings = dict(
+                lam=args.lam, max_steps=args.max_steps, revisit=args.revisit
+            )
+            settings.update(run_settings)
             r = lab.run(
-                method,
+                name,
                 prepared,
                 backbone,
                 seed=seed,
@@ -144,13 +182,13 @@ def main(argv=None):
                 batch_size=args.batch_size,
                 learning_rate=args.learning_rate,
                 delta=args.delta,
-                lam=args.lam,
-                max_steps=args.max_steps,
                 warmup_ratio=args.warmup_ratio,
-                revisit=args.revisit,
+                filter_options=filter_options,
                 evals_per_epoch=2,
                 verbose=0,
+                **settings,
             )
+            r = dataclasses.replace(r, method=method)
             results.append(r)
             accum = f" accum_steps={r.accum_steps[-1]}" if r.accum_steps else ""
             slowest = ""

@@ -13,6 +13,7 @@ runs them). `get_method` and `run` take a name from either.
 """
 
 import dataclasses
+import inspect
 
 import keras
 from keras import ops
@@ -268,7 +269,14 @@ def check_task(task):
 
 
 def wrap_model(
-    method, model, num_samples, lam=0.5, max_steps=5, revisit=0.2, seed=0
+    method,
+    model,
+    num_samples,
+    lam=0.5,
+    max_steps=5,
+    revisit=0.2,
+    seed=0,
+    filter_options=None,
 ):
     """Wraps `model` for training with `method`.
 
@@ -280,24 +288,51 @@ def wrap_model(
         lam, max_steps: `ASSpeed`'s lambda and cap `s`.
         revisit: `SkipMaskedLastSeen`'s revisit probability.
         seed: seeds the revisit draws.
+        filter_options: optional dict of filter arguments (e.g.
+            `{"anneal_fraction": 0.125}`); each filter takes the ones its
+            constructor accepts. A key no filter of `method` accepts is a
+            `ValueError`.
 
     Returns:
         `model` wrapped in `ASSpeed` with the method's filters for the
         AS-Speed methods, as it is otherwise.
     """
     method = get_method(method)
+    options = dict(filter_options or {})
     if not method.as_speed:
+        if options:
+            raise ValueError(
+                f"Method {method.name!r} trains without filters. Received: "
+                f"filter_options={options}"
+            )
         return model
-    sample_filter = []
+    filter_args = []  # (class, positional args, keyword args)
     if method.infobatch:
-        sample_filter.append(filters.InfoBatch(num_samples, seed=seed))
+        filter_args.append((filters.InfoBatch, (num_samples,), {"seed": seed}))
         max_steps = 1  # a loss without masked rows: one batch per update
     if method.skip_stale:
-        sample_filter.append(
-            filters.SkipMaskedLastSeen(num_samples, revisit=revisit, seed=seed)
+        filter_args.append(
+            (
+                filters.SkipMaskedLastSeen,
+                (num_samples,),
+                {"revisit": revisit, "seed": seed},
+            )
         )
     if method.skip_masked:
-        sample_filter.append(filters.SkipMasked())
+        filter_args.append((filters.SkipMasked, (), {}))
+    sample_filter = []
+    unused = set(options)
+    for cls, args, kwargs in filter_args:
+        accepted = inspect.signature(cls).parameters
+        mine = {k: v for k, v in options.items() if k in accepted}
+        unused -= set(mine)
+        sample_filter.append(cls(*args, **{**kwargs, **mine}))
+    if unused:
+        names = [cls.__name__ for cls, _, _ in filter_args]
+        raise ValueError(
+            f"Expected arguments of the filters {names}. Received: "
+            f"{sorted(unused)} for method {method.name!r}"
+        )
     return ASSpeed(
         model, lam=lam, max_steps=max_steps, sample_filter=sample_filter
     )

@@ -249,6 +249,7 @@ def run(
     lam=0.5,
     max_steps=5,
     revisit=0.2,
+    filter_options=None,
     warmup_ratio=0.0,
     evals_per_epoch=1,
     eval_batch_size=128,
@@ -279,6 +280,9 @@ def run(
         revisit: for `"as_skip_stale"` and `"as_skip_hybrid"`, the
             probability that a sample masked at its last visit is trained
             on anyway. Defaults to `0.2`.
+        filter_options: optional dict of further filter arguments
+            (`anneal_fraction`, `warmup_epochs`, `max_skipped_fraction`,
+            `min_masked_ratio`, ...; see `wrap_model`).
         warmup_ratio: if > 0, the AS methods train with `delta = 1` for
             this fraction of steps (`DeltaWarmup`).
         evals_per_epoch: validation passes per epoch (more points for the
@@ -337,6 +341,7 @@ def run(
         max_steps=max_steps,
         revisit=revisit,
         seed=seed,
+        filter_options=filter_options,
     )
     if isinstance(model, ASSpeed):
         model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
