@@ -80,17 +80,23 @@ class SkipMasked(SampleFilter):
     of recent samples is at least `min_masked_ratio`; below it, every
     sample goes to training as in a plain step.
 
-    The break-even share is where the scoring pass costs what it saves:
-    with a training pass (forward and backward) about three forward
-    passes, scoring pays once more than a third of the samples are
-    masked. `min_masked_ratio=0.5` leaves a margin for the queue's copies
-    and for models whose backward pass is relatively cheaper;
-    `benchmarks/step_cost.py` measures the break-even for a model.
+    The break-even share is where scoring a batch costs what it saves: if
+    a scoring pass costs `b` and a training pass `c`, scoring pays once
+    more than `b / c` of the samples are masked (about a third when a
+    training pass costs three forward passes). By default `fit` measures
+    it: it times every step, fits step time as `a + b * scored + c *
+    trained` over the steps seen so far, and from the next epoch on scores
+    from the measured `b / c`. Until both kinds of step have been timed it
+    scores from a masked share of 0.5 (`MEASURED_START`), which leaves a
+    margin. The measured value is a weight of `ASSpeed`
+    (`min_masked_ratio`), saved with the model. Measuring syncs the
+    device once per step, to read the step's time.
 
     Args:
-        min_masked_ratio: masked share of the recent samples (an
+        min_masked_ratio: `None` (the default) for the measured break-even,
+            or a fixed masked share in [0, 1] of the recent samples (an
             exponential moving average over batches) from which batches
-            are scored. Defaults to `0.5`.
+            are scored.
         warmup_epochs: epochs trained on everything first. Defaults to `1`.
         anneal_fraction: fraction of the epochs, at the end, trained on
             everything. Defaults to `0.0`.
@@ -106,14 +112,18 @@ class SkipMasked(SampleFilter):
 
     needs_sample_ids = False
     scores = True
+    # The masked share scoring starts from until the break-even is measured.
+    MEASURED_START = 0.5
 
     def __init__(
-        self, min_masked_ratio=0.5, warmup_epochs=1, anneal_fraction=0.0
+        self, min_masked_ratio=None, warmup_epochs=1, anneal_fraction=0.0
     ):
         super().__init__(warmup_epochs, anneal_fraction)
-        self.min_masked_ratio = check_fraction(
-            min_masked_ratio, "min_masked_ratio"
-        )
+        if min_masked_ratio is not None:
+            min_masked_ratio = check_fraction(
+                min_masked_ratio, "min_masked_ratio"
+            )
+        self.min_masked_ratio = min_masked_ratio
 
     def get_config(self):
         return {

@@ -10,6 +10,7 @@ from keras import ops
 
 import keras_as_softmax as kas
 from keras_as_softmax import filters
+from keras_as_softmax.training import _break_even
 from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import _queue
 from tests.backend_utils import BACKEND
@@ -103,6 +104,7 @@ def run_pipeline(sample_filter, easy, n=32, batch=4, epochs=3):
         if last_seen
         else None,
         masked_share=np.float32(1.0),
+        min_masked_ratio=np.float32(0.5),
     )
     epoch = [0]
     model = types.SimpleNamespace(
@@ -238,6 +240,58 @@ def test_schedule_warms_up_and_anneals():
 
 
 # --------------------------------------------------------------- training
+
+
+# ------------------------------------------------ the measured break-even
+
+
+def timed_steps(rng, n, a=0.01, b=0.1, c=0.3):
+    """`n` single steps: scored and trained at random, timed as
+    `a + b * scored + c * trained` with noise and a few stalls."""
+    scored = rng.integers(0, 2, n)
+    trained = rng.integers(0, 2, n)
+    seconds = a + b * scored + c * trained + rng.normal(0, 0.005, n)
+    seconds[rng.choice(n, n // 20, replace=False)] += 2.0
+    return seconds, np.ones(n), scored, trained
+
+
+def test_break_even_share_is_the_scoring_pass_over_the_training_pass():
+    rng = np.random.default_rng(0)
+    share = _break_even.break_even_share(*timed_steps(rng, 200))
+    assert share == pytest.approx(1 / 3, abs=0.02)
+    # Clipped, and undecided while a flag has not varied.
+    fast_training = timed_steps(rng, 200, b=0.3, c=0.1)
+    assert _break_even.break_even_share(*fast_training) == 0.95
+    seconds, steps, _, trained = timed_steps(rng, 200)
+    never_scored = (seconds, steps, np.zeros(200), trained)
+    assert _break_even.break_even_share(*never_scored) is None
+
+
+def test_break_even_meter_sets_the_weight_at_the_next_epoch(monkeypatch):
+    rng = np.random.default_rng(1)
+    seconds, _, scored, trained = timed_steps(rng, 101)
+    clock = iter(np.stack([np.zeros(101), seconds], 1).ravel())
+    monkeypatch.setattr(_break_even.time, "perf_counter", lambda: next(clock))
+    variable = keras.Variable(0.5)
+    meter = _break_even.BreakEvenMeter(variable)
+    meter.on_epoch_begin(0)
+    for step in range(101):
+        meter.on_train_batch_begin(step)
+        meter.on_train_batch_end(
+            step,
+            {  # the epoch's means so far, as the trackers report them
+                "scored_fraction": scored[: step + 1].mean(),
+                "trained_fraction": trained[: step + 1].mean(),
+            },
+        )
+    assert float(variable.numpy()) == 0.5  # measured from the next epoch
+    meter.on_epoch_begin(1)
+    # The first step of an epoch is left out.
+    expected = _break_even.break_even_share(
+        seconds[1:], np.ones(100), scored[1:], trained[1:]
+    )
+    assert expected == pytest.approx(1 / 3, abs=0.03)
+    assert float(variable.numpy()) == pytest.approx(expected)
 
 
 def identity_model():
@@ -448,6 +502,10 @@ def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
     ).history
     assert logs["trained_fraction"][0] == 1.0  # the first epoch trains on all
     assert min(logs["trained_fraction"][1:]) < 1.0
+    assert logs["scored_fraction"][0] == 0.0
+    # The measured break-even (or its start, while it cannot tell).
+    threshold = float(ops.convert_to_numpy(wrapped._min_masked_ratio))
+    assert 0.05 <= threshold <= 0.95
     memory = ops.convert_to_numpy(wrapped._memory)
     assert 0.0 < memory.mean() < 1.0
     path = str(tmp_path / "filtered.keras")
@@ -459,6 +517,7 @@ def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
     ]
     assert loaded.sample_filters[0].get_config() == f.get_config()
     np.testing.assert_array_equal(ops.convert_to_numpy(loaded._memory), memory)
+    assert float(ops.convert_to_numpy(loaded._min_masked_ratio)) == threshold
     np.testing.assert_allclose(
         loaded.predict(x, verbose=0),
         wrapped.predict(x, verbose=0),

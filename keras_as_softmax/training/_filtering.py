@@ -43,6 +43,7 @@ class FilterState(NamedTuple):
     train_queue: object  # RowQueue
     memory: object  # float32 [num_samples]: what the last-seen filter records
     masked_share: object  # float32 scalar, moving masked share
+    min_masked_ratio: object  # float32 scalar: SkipMasked scores from here
 
 
 class StepOutput(NamedTuple):
@@ -284,7 +285,7 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
     if skip_masked is not None:
         go = ops.logical_and(
             skip_masked.active(epoch, epochs),
-            state.masked_share >= skip_masked.min_masked_ratio,
+            state.masked_share >= state.min_masked_ratio,
         )
         if ready is not None:
             go = ops.logical_and(go, ready)

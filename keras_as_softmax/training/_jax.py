@@ -164,7 +164,7 @@ class ASSpeedTrainer:
                 output.y_pred,
                 output.metric_weight,
             )
-            trained = output.trained
+            trained, scored = output.trained, output.scored
         else:
             grad_fn = jax.value_and_grad(
                 self.compute_loss_and_updates, has_aux=True
@@ -184,7 +184,7 @@ class ASSpeedTrainer:
             masked, rows = self._count_masked(y, y_pred, sample_weight)
             loss_weight = keras.tree.flatten(x)[0].shape[0]
             metric_args = (x, y, y_pred, sample_weight)
-            trained = 1.0
+            trained, scored = 1.0, None
 
         drawn = index[id(self._drawn)]
         non_trainable[drawn] = non_trainable[drawn] + 1
@@ -224,7 +224,10 @@ class ASSpeedTrainer:
                 loss_value, sample_weight=loss_weight
             )
             logs = self._step_metrics(
-                *metric_args, counts=(masked, rows), trained=trained
+                *metric_args,
+                counts=(masked, rows),
+                trained=trained,
+                scored=scored,
             )
         metrics_vars = [
             scope.get_current_value(v) for v in self.metrics_variables

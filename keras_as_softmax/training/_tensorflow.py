@@ -240,7 +240,7 @@ class ASSpeedTrainer:
                 output.y_pred,
                 output.metric_weight,
             )
-            trained = output.trained
+            trained, scored = output.trained, output.scored
             self._loss_tracker.update_state(loss, sample_weight=output.trained)
         else:
             with tf.GradientTape() as tape:
@@ -260,7 +260,7 @@ class ASSpeedTrainer:
             )
             masked, rows = self._count_masked(y, y_pred, sample_weight)
             metric_args = (x, y, y_pred, sample_weight)
-            trained = tf.constant(1.0)
+            trained, scored = tf.constant(1.0), None
             self._loss_tracker.update_state(
                 loss * replicas, sample_weight=_batch_size(x)
             )
@@ -289,7 +289,7 @@ class ASSpeedTrainer:
             variable.assign(value)
         self._finish_window_if_due(state, replicas, context)
         logs = self._step_metrics(
-            *metric_args, counts=(masked, rows), trained=trained
+            *metric_args, counts=(masked, rows), trained=trained, scored=scored
         )
         logs["accum_steps"] = tf.convert_to_tensor(self._accumulation.steps)
         return multi_worker_logs(logs)

@@ -14,6 +14,7 @@ from keras_as_softmax.metrics import count_masked_rows
 from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import _queue
 from keras_as_softmax.training import accumulation
+from keras_as_softmax.training._break_even import BreakEvenMeter
 from keras_as_softmax.training._filtering import FilterState
 
 _BACKEND = keras.backend.backend()
@@ -73,8 +74,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     of the harder samples). A scoring pass puts moving statistics back.
 
     `fit`'s logs show `masked_ratio` (masked / counted rows since the epoch
-    began), `accum_steps` (micro-batches per update) and `trained_fraction`
-    (the share of drawn batches that a training pass stood for).
+    began), `accum_steps` (micro-batches per update), `trained_fraction`
+    (the share of drawn batches that a training pass stood for) and, with
+    `SkipMasked`, `scored_fraction` (the share that a scoring pass stood
+    for).
 
     Supported: one output, or several with `masked_outputs`; TensorFlow
     (eager, graph, `jit_compile=True`, `tf.distribute.MirroredStrategy`,
@@ -157,6 +160,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self.trained_fraction_tracker = keras.metrics.Mean(
             name="trained_fraction"
         )
+        if self._filter_pair[1] is not None:
+            self.scored_fraction_tracker = keras.metrics.Mean(
+                name="scored_fraction"
+            )
         self._filter_spec = None
         self._steps_per_epoch = None
         self._epochs = 1
@@ -272,6 +279,17 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         )
         self._train_queue = queue("train_queue")
         self._masked_share = self._state("masked_share", "float32")
+        if skip is not None:
+            # SkipMasked scores from this masked share: its argument, or
+            # the break-even that `fit` measures (`_break_even`).
+            start = skip.min_masked_ratio
+            if start is None:
+                start = filters_lib.SkipMasked.MEASURED_START
+            self._min_masked_ratio = self._state(
+                "min_masked_ratio",
+                "float32",
+                initializer=keras.initializers.Constant(start),
+            )
         self._filter_spec = spec
 
     def _filter_state(self):
@@ -288,6 +306,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             train_queue=queue(self._train_queue),
             memory=value(getattr(self, "_memory", None)),
             masked_share=self._masked_share.value,
+            min_masked_ratio=value(getattr(self, "_min_masked_ratio", None)),
         )
 
     def _assign_filter_state(self, state):
@@ -503,10 +522,14 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self.masked_ratio_tracker.update_counts(*counts)
         return super().compute_metrics(x, y, y_pred, sample_weight)
 
-    def _step_metrics(self, x, y, y_pred, sample_weight, counts, trained):
+    def _step_metrics(
+        self, x, y, y_pred, sample_weight, counts, trained, scored=None
+    ):
         """The train step's metric updates: counts it already has."""
         self.masked_ratio_tracker.update_counts(*counts)
         self.trained_fraction_tracker.update_state(trained)
+        if scored is not None and self._filter_pair[1] is not None:
+            self.scored_fraction_tracker.update_state(scored)
         return keras.Model.compute_metrics(self, x, y, y_pred, sample_weight)
 
     # ------------------------------------------------------ data and fit
@@ -568,6 +591,11 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         )
         if self.preprocessor is not None:
             batch_size = None
+        skip = self._filter_pair[1]
+        if skip is not None and skip.min_masked_ratio is None:
+            callbacks = list(kwargs.pop("callbacks", None) or [])
+            callbacks.append(BreakEvenMeter(self._min_masked_ratio))
+            kwargs["callbacks"] = callbacks
         return super().fit(
             x=x,
             y=y,

@@ -1,0 +1,105 @@
+"""`SkipMasked`'s break-even, measured during `fit`.
+
+Scoring a batch costs a forward pass, `b` seconds; each training pass it
+avoids saves `c`. With a share `m` of the scored samples masked, scoring
+saves `m` training passes per scored batch, so it pays once `m > b / c`.
+`BreakEvenMeter` times every step, reads from the logs whether it scored
+and trained, fits `seconds = a * steps + b * scored + c * trained` over the
+steps seen so far, and at each epoch's start sets `ASSpeed`'s
+`min_masked_ratio` weight to `b / c`.
+"""
+
+import time
+
+import keras
+import numpy as np
+
+# The range a measured break-even is clipped to.
+SHARE_RANGE = (0.05, 0.95)
+# Timed steps needed on each side of each flag (scored or not, trained
+# or not) before a measurement counts.
+MIN_STEPS = 8
+
+
+def break_even_share(seconds, steps, scored, trained):
+    """The masked share from which scoring pays, from timed steps.
+
+    Fits `seconds = a * steps + b * scored + c * trained` by least squares,
+    once more without the steps whose residual is beyond three robust
+    standard deviations (a step stalled by the machine).
+
+    Args:
+        seconds: float per timed call of the train function.
+        steps, scored, trained: how many steps that call ran, scored and
+            ran a training pass in.
+
+    Returns:
+        `b / c` clipped to `SHARE_RANGE`, or `None` while the timings cannot
+        tell: fewer than `MIN_STEPS` calls on either side of either flag,
+        or a training pass that does not cost more than nothing.
+    """
+    seconds, steps, scored, trained = (
+        np.asarray(v, "float64") for v in (seconds, steps, scored, trained)
+    )
+    for flag in (scored, trained):
+        some = np.sum(flag > 0)
+        if min(some, np.sum(flag < steps)) < MIN_STEPS:
+            return None
+    design = np.stack([steps, scored, trained], axis=1)
+    keep = np.ones(len(seconds), bool)
+    for _ in range(2):
+        coefficients = np.linalg.lstsq(design[keep], seconds[keep], rcond=None)[
+            0
+        ]
+        residual = seconds - design @ coefficients
+        spread = 1.4826 * np.median(np.abs(residual - np.median(residual)))
+        keep = np.abs(residual) <= 3 * max(spread, 1e-9)
+    _, score, train = coefficients
+    if train <= 0:
+        return None
+    return float(np.clip(score / train, *SHARE_RANGE))
+
+
+class BreakEvenMeter(keras.callbacks.Callback):
+    """Times `fit`'s steps and sets the `min_masked_ratio` weight to the
+    measured break-even at each epoch's start (see `break_even_share`).
+
+    Reads the cumulative `scored_fraction` and `trained_fraction` logs, so
+    the logs are synced once per step. The first call of each epoch
+    (tracing, a new iterator) is left out.
+    """
+
+    def __init__(self, variable):
+        super().__init__()
+        self.variable = variable
+        self.timings = []  # (seconds, steps, scored, trained) per call
+        self._start = None
+        self._previous = (0, 0.0, 0.0)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.timings:
+            share = break_even_share(*np.transpose(self.timings))
+            if share is not None:
+                self.variable.assign(share)
+        self._previous = (0, 0.0, 0.0)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        seconds = time.perf_counter() - self._start
+        steps = batch + 1  # steps this epoch, as the logs' means count
+        scored = float(logs["scored_fraction"]) * steps
+        trained = float(logs["trained_fraction"]) * steps
+        before, scored_before, trained_before = self._previous
+        self._previous = (steps, scored, trained)
+        if before == 0:
+            return
+        self.timings.append(
+            (
+                seconds,
+                steps - before,
+                round(scored - scored_before),
+                round(trained - trained_before),
+            )
+        )
