@@ -46,15 +46,12 @@ def break_even_share(seconds, steps, scored, trained):
         if min(some, np.sum(flag < steps)) < MIN_STEPS:
             return None
     design = np.stack([steps, scored, trained], axis=1)
-    keep = np.ones(len(seconds), bool)
-    for _ in range(2):
-        coefficients = np.linalg.lstsq(design[keep], seconds[keep], rcond=None)[
-            0
-        ]
-        residual = seconds - design @ coefficients
-        spread = 1.4826 * np.median(np.abs(residual - np.median(residual)))
-        keep = np.abs(residual) <= 3 * max(spread, 1e-9)
-    _, score, train = coefficients
+    coefficients = np.linalg.lstsq(design, seconds, rcond=None)[0]
+    residual = seconds - design @ coefficients
+    spread = 1.4826 * np.median(np.abs(residual - np.median(residual)))
+    keep = np.abs(residual) <= 3 * max(spread, 1e-9)
+    fit = np.linalg.lstsq(design[keep], seconds[keep], rcond=None)[0]
+    _, score, train = fit
     if train <= 0:
         return None
     return float(np.clip(score / train, *SHARE_RANGE))
