@@ -44,7 +44,9 @@ python benchmarks/as_speed.py --methods \
 
 A variant's settings are `lam`, `max_steps` and `revisit`, or any
 argument of the method's filters (`anneal_fraction`, `warmup_epochs`,
-`max_skipped_fraction`, `min_masked_ratio`, `prune`); the variant is
+`max_skipped_fraction`, `min_masked_ratio`, `prune`), for one filter
+alone with the prefix `last_seen.` or `skip_masked.`
+(`as_skip_hybrid/last_seen.anneal_fraction=0.125`); the variant is
 reported under its full name.
 """
 
@@ -130,7 +132,7 @@ def parse_method(spec):
             )
         value = (
             int(value)
-            if key in ("max_steps", "warmup_epochs")
+            if key.rpartition(".")[2] in ("max_steps", "warmup_epochs")
             else float(value)
         )
         target = run_settings if key in RUN_SETTINGS else filter_options

@@ -412,18 +412,12 @@ class _EpochTimes(keras.callbacks.Callback):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    BACKEND == "jax",
-    reason="Known, open (issue 12): on JAX the filtered step is one XLA "
-    "program, and SkipMasked cost 1.75x a plain step with nothing skipped "
-    "here; TensorFlow splits it into a graph and two XLA passes.",
-    strict=False,
-)
 def test_filtered_epoch_costs_a_plain_one_at_a_low_masked_share():
     # Nothing is masked (random labels, a learning rate of 0): the filters
     # must cost what plain ASSpeed does. Epoch times of the three models,
     # fitted in turn three times (ABCABCABC), the compiling epoch left out;
-    # the fastest epoch of each, as load on the machine only adds time.
+    # the median epoch of each, which one lucky or stalled epoch leaves
+    # where it is, compared within one run.
     rng = np.random.default_rng(0)
     n, width = 2048, 2048
     x = rng.standard_normal((n, 256)).astype("float32")
@@ -465,9 +459,10 @@ def test_filtered_epoch_costs_a_plain_one_at_a_low_masked_share():
             if name != "plain":
                 assert logs["trained_fraction"] == [1.0] * 4
             times[name] += timer.times[1:]
-    plain = min(times["plain"])
+    plain = np.median(times["plain"])
     for name in ("skip", "last_seen"):
-        ratio = min(times[name]) / plain
+        ratio = np.median(times[name]) / plain
+        print(f"{name}: {ratio:.2f}x plain ASSpeed's median epoch")
         assert ratio < 1.25, (name, ratio, times)
 
 

@@ -58,7 +58,7 @@ def add(state, grads, rows, masked_rows):
     `grads=None` adds the counts only, for a trainer that added the
     gradients to the sums already (or had none to add).
     """
-    grad_sum = state.grad_sum
+    grad_sum = list(state.grad_sum)
     if grads is not None:
         grad_sum = [s + ops.cast(g, s.dtype) for s, g in zip(grad_sum, grads)]
     return AccumulationState(

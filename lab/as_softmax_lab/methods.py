@@ -290,8 +290,10 @@ def wrap_model(
         seed: seeds the revisit draws.
         filter_options: optional dict of filter arguments (e.g.
             `{"anneal_fraction": 0.125}`); each filter takes the ones its
-            constructor accepts. A key no filter of `method` accepts is a
-            `ValueError`.
+            constructor accepts. A key prefixed `last_seen.` or
+            `skip_masked.` goes to that filter alone (e.g.
+            `{"last_seen.anneal_fraction": 0.125}`). A key no filter of
+            `method` accepts is a `ValueError`.
 
     Returns:
         `model` wrapped in `ASSpeed` with the method's filters for the
@@ -306,29 +308,37 @@ def wrap_model(
                 f"filter_options={options}"
             )
         return model
-    filter_args = []  # (class, positional args, keyword args)
+    # (prefix, class, positional args, keyword args)
+    filter_args = []
     if method.infobatch:
-        filter_args.append((filters.InfoBatch, (num_samples,), {"seed": seed}))
+        filter_args.append(
+            ("last_seen", filters.InfoBatch, (num_samples,), {"seed": seed})
+        )
         max_steps = 1  # a loss without masked rows: one batch per update
     if method.skip_stale:
         filter_args.append(
             (
+                "last_seen",
                 filters.SkipMaskedLastSeen,
                 (num_samples,),
                 {"revisit": revisit, "seed": seed},
             )
         )
     if method.skip_masked:
-        filter_args.append((filters.SkipMasked, (), {}))
+        filter_args.append(("skip_masked", filters.SkipMasked, (), {}))
     sample_filter = []
     unused = set(options)
-    for cls, args, kwargs in filter_args:
+    for prefix, cls, args, kwargs in filter_args:
         accepted = inspect.signature(cls).parameters
-        mine = {k: v for k, v in options.items() if k in accepted}
-        unused -= set(mine)
+        mine = {}
+        for key, value in options.items():
+            own, dot, name = key.rpartition(".")
+            if name in accepted and (not dot or own == prefix):
+                mine[name] = value
+                unused.discard(key)
         sample_filter.append(cls(*args, **{**kwargs, **mine}))
     if unused:
-        names = [cls.__name__ for cls, _, _ in filter_args]
+        names = [cls.__name__ for _, cls, _, _ in filter_args]
         raise ValueError(
             f"Expected arguments of the filters {names}. Received: "
             f"{sorted(unused)} for method {method.name!r}"
