@@ -315,6 +315,19 @@ def test_wrap_model_builds_each_method(tiny_backbone):
         filters.SkipMaskedLastSeen,
         filters.SkipMasked,
     ]
+    # A prefixed option goes to that filter alone, a plain one to each.
+    options = {"last_seen.anneal_fraction": 0.125, "warmup_epochs": 2}
+    wrapped = lab.wrap_model("as_skip_hybrid", model, 8, filter_options=options)
+    last_seen, skip = wrapped.sample_filters
+    assert (last_seen.anneal_fraction, skip.anneal_fraction) == (0.125, 0.0)
+    assert last_seen.warmup_epochs == skip.warmup_epochs == 2
+    with pytest.raises(ValueError, match="score.anneal_fraction"):
+        lab.wrap_model(
+            "as_skip_hybrid",
+            model,
+            8,
+            filter_options={"score.anneal_fraction": 0.1},
+        )
 
 
 def test_compare_time_to_reach():

@@ -7,11 +7,13 @@ compiles to a conditional that executes only the taken branch.
 
 With filters and `jit_compile`, the step is staged: the host decides from
 the queues whether a pass runs, and calls a program compiled for that
-decision, in which the pass is straight-line code (`_Plan`). A training
-pass inside `jax.lax.cond` made a filtered step cost 1.36x a plain one on
-XLA:CPU with nothing skipped (`benchmarks/jax_filter_cost.py`).
+decision, in which the pass is straight-line code (`_Plan`). With the
+training pass inside `jax.lax.cond`, a filtered step with nothing to skip
+cost 1.77x a plain one on XLA:CPU; staged, 1.05x
+(`benchmarks/jax_filter_cost.py`).
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -29,7 +31,8 @@ def stateless_uniform(size, seed, counter):
 
 
 class _Stop(Exception):
-    """Ends the trace of a deciding stage at a pass, with its outputs."""
+    """Ends the trace of a deciding stage at the training pass, with what
+    the stage returns."""
 
     def __init__(self, outputs):
         super().__init__()
@@ -39,11 +42,12 @@ class _Stop(Exception):
 class _Plan(NamedTuple):
     """How a traced step runs its passes.
 
-    `score`: `"decide"` (no pass: note whether one is due), `"run"` (run
-    it; the trace then stops at the training decision), `"given"` (its
-    results come in `scored`) or `"none"` (not due). `train`: `"stop"`
-    (end the trace with whether a pass is due), `True` or `False`. `None`
-    for a plan means one program with each pass inside `jax.lax.cond`.
+    `score`, the scoring pass: `"decide"` (no pass; note whether one is
+    due), `"run"` (run it and note its outputs), `"given"` (its outputs
+    come in `scored`) or `"none"` (not due). `train`, the training pass:
+    `"stop"` (end the trace with what was noted and whether a pass is
+    due), `True` or `False`. A plan of `None` is one program with each
+    pass inside `jax.lax.cond`.
     """
 
     score: str
@@ -67,7 +71,8 @@ class _Hooks:
     ):
         self.model = model
         self.plan = plan
-        self.score_due = False
+        # What a deciding stage returns besides the training decision.
+        self.noted = False
         self.trainable = list(trainable)
         self.non_trainable = list(non_trainable)
         self.optimizer_variables = optimizer_variables
@@ -98,11 +103,11 @@ class _Hooks:
             )
         elif plan.score == "run":
             y_pred, self.state = self.score(self.state, x)
-            self.score_due = (y_pred, self.state)
+            self.noted = (y_pred, self.state)
         elif plan.score == "given":
             y_pred, self.state = plan.scored
         else:
-            self.score_due = pred
+            self.noted = pred
             y_pred = self._no_output(x)
         return y_pred
 
@@ -127,7 +132,7 @@ class _Hooks:
                 pred, self.train, skip, self.state, x, y, coefficients
             )
         elif plan.train == "stop":
-            raise _Stop((self.score_due, pred))
+            raise _Stop((self.noted, pred))
         elif plan.train:
             outputs, self.state = self.train(self.state, x, y, coefficients)
         else:
@@ -205,8 +210,8 @@ class ASSpeedTrainer:
         out_shardings = None
         if keras.distribution.distribution() is not None:
             out_shardings = (None, self._get_state_sharding_spec())
-        decide = jax.jit(lambda state, data: self._decide(state, data))
-        score = jax.jit(lambda state, data: self._score(state, data))
+        decide = jax.jit(functools.partial(self._until_training, "decide"))
+        score = jax.jit(functools.partial(self._until_training, "run"))
         finish = {
             train: jax.jit(
                 lambda state, data, scored, train=train: self._step(
@@ -229,20 +234,14 @@ class ASSpeedTrainer:
 
         self.train_function = self._make_function(step)
 
-    def _decide(self, state, data):
-        """`(score due, train due)`; the second holds when no scoring pass
-        is due."""
+    def _until_training(self, score, state, data):
+        """Traces the step up to its training pass, with the scoring pass
+        as `score` says (`_Plan`): `(noted, training pass due)`, where
+        `noted` is whether a scoring pass is due (`"decide"`; when it is
+        not, the training decision stands) or its `(y_pred, pass state)`
+        (`"run"`)."""
         try:
-            self._step(state, data, _Plan("decide", "stop"))
-        except _Stop as stop:
-            return stop.outputs
-        raise AssertionError("a filtered step reaches its training pass")
-
-    def _score(self, state, data):
-        """The scoring pass's `(y_pred, pass state)`, and whether a training
-        pass is due after it."""
-        try:
-            self._step(state, data, _Plan("run", "stop"))
+            self._step(state, data, _Plan(score, "stop"))
         except _Stop as stop:
             return stop.outputs
         raise AssertionError("a filtered step reaches its training pass")
