@@ -43,16 +43,16 @@ class _Plan(NamedTuple):
     """How a traced step runs its passes.
 
     `score`, the scoring pass: `"decide"` (no pass; note whether one is
-    due), `"run"` (run it and note its outputs), `"given"` (its outputs
-    come in `scored`) or `"none"` (not due). `train`, the training pass:
-    `"stop"` (end the trace with what was noted and whether a pass is
-    due), `True` or `False`. A plan of `None` is one program with each
-    pass inside `jax.lax.cond`.
+    due, and the outputs of a step without it), `"run"` (run it and note
+    its outputs) or `"given"` (the outputs, of either, come in `scored`).
+    `train`, the training pass: `"stop"` (end the trace with what was
+    noted and whether a pass is due), `True` or `False`. A plan of `None`
+    is one program with each pass inside `jax.lax.cond`.
     """
 
     score: str
     train: object
-    scored: object = None  # (y_pred, pass state) of the scoring pass
+    scored: object = None  # (y_pred, pass state) after the scoring pass
 
 
 class _Hooks:
@@ -72,7 +72,7 @@ class _Hooks:
         self.model = model
         self.plan = plan
         # What a deciding stage returns besides the training decision.
-        self.noted = False
+        self.noted = (False, None)
         self.trainable = list(trainable)
         self.non_trainable = list(non_trainable)
         self.optimizer_variables = optimizer_variables
@@ -107,8 +107,10 @@ class _Hooks:
         elif plan.score == "given":
             y_pred, self.state = plan.scored
         else:
-            self.noted = pred
             y_pred = self._no_output(x)
+            # Fresh buffers: the last stage takes them beside the state
+            # it donates.
+            self.noted = (pred, (y_pred, self.state))
         return y_pred
 
     def maybe_train(self, pred, x, y, coefficients):
@@ -215,9 +217,7 @@ class ASSpeedTrainer:
         finish = {
             train: jax.jit(
                 lambda state, data, scored, train=train: self._step(
-                    state,
-                    data,
-                    _Plan("none" if scored is None else "given", train, scored),
+                    state, data, _Plan("given", train, scored)
                 ),
                 donate_argnums=0,
                 out_shardings=out_shardings,
@@ -226,8 +226,7 @@ class ASSpeedTrainer:
         }
 
         def step(state, data):
-            score_due, train_due = decide(state, data)
-            scored = None
+            (score_due, scored), train_due = decide(state, data)
             if score_due:
                 scored, train_due = score(state, data)
             return finish[bool(train_due)](state, data, scored)
@@ -237,9 +236,11 @@ class ASSpeedTrainer:
     def _until_training(self, score, state, data):
         """Traces the step up to its training pass, with the scoring pass
         as `score` says (`_Plan`): `(noted, training pass due)`, where
-        `noted` is whether a scoring pass is due (`"decide"`; when it is
-        not, the training decision stands) or its `(y_pred, pass state)`
-        (`"run"`)."""
+        `noted` is `(scoring pass due, (y_pred, pass state) without it)`
+        (`"decide"`; when no scoring pass is due, the training decision
+        stands) or the scoring pass's `(y_pred, pass state)` (`"run"`).
+        Every step then runs one program of two, with or without a
+        training pass, whether or not it scored."""
         try:
             self._step(state, data, _Plan(score, "stop"))
         except _Stop as stop:
