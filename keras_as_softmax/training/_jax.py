@@ -118,10 +118,10 @@ class _Hooks:
         else zeros (the gradients `None` when the plan knows no pass runs:
         nothing to add to the window)."""
 
-        def skip(state, x, y, coefficients):
+        def skip(state, x, y, coefficients, grads=True):
             zeros = keras.ops.zeros_like
             outputs = (
-                [zeros(t) for t in self.trainable],
+                [zeros(t) for t in self.trainable] if grads else None,
                 self._no_output(x),
                 zeros(coefficients),
                 keras.ops.zeros((), "float32"),
@@ -138,7 +138,7 @@ class _Hooks:
         elif plan.train:
             outputs, self.state = self.train(self.state, x, y, coefficients)
         else:
-            outputs = (None, *skip(self.state, x, y, coefficients)[0][1:])
+            outputs, _ = skip(self.state, x, y, coefficients, grads=False)
         return outputs
 
     def merged_non_trainable(self):
