@@ -132,7 +132,8 @@ def parse_method(spec):
             )
         value = (
             int(value)
-            if key.rpartition(".")[2] in ("max_steps", "warmup_epochs")
+            if key.rpartition(".")[2]
+            in ("max_steps", "warmup_epochs", "max_skipped_epochs")
             else float(value)
         )
         target = run_settings if key in RUN_SETTINGS else filter_options

@@ -179,7 +179,7 @@ class LastSeenFilter(SampleFilter):
         )
         self.seed = None if seed is None else check_int(seed, "seed", 0)
 
-    def record(self, sample_loss, sample_masked):
+    def record(self, sample_loss, sample_masked, epoch):
         """The memory value of samples that a pass just saw.
 
         Args:
@@ -187,12 +187,13 @@ class LastSeenFilter(SampleFilter):
                 counted rows (0 without any).
             sample_masked: float32 `[batch]`, 1.0 where all of them are
                 masked.
+            epoch: int32 scalar, the running epoch (0-based).
         """
         raise NotImplementedError
 
-    def candidates(self, remembered, memory):
-        """bool `[batch]`: which drawn samples may be left out, from their
-        `remembered` values and the whole `memory`."""
+    def candidates(self, remembered, memory, epoch):
+        """bool `[batch]`: which drawn samples may be left out in `epoch`,
+        from their `remembered` values and the whole `memory`."""
         raise NotImplementedError
 
     def masked_when_seen(self, memory):
@@ -245,6 +246,12 @@ class SkipMaskedLastSeen(LastSeenFilter):
     and the weight follows it. Samples never seen count as not masked, so
     the first epoch trains on everything.
 
+    What the memory says goes stale: a left-out sample is not seen, and
+    some of them have a gradient again epochs later. With
+    `max_skipped_epochs=k`, a sample last seen masked `k` epochs ago or
+    more is seen again (with weight 1: it is not a random revisit), so
+    each sample is seen at least once every `k + 1` epochs.
+
     The batches carry each sample's id: wrap the inputs with
     `keras_as_softmax.filters.with_sample_ids` (arrays) or
     `keras_as_softmax.filters.index_dataset` (a `tf.data.Dataset`).
@@ -257,6 +264,9 @@ class SkipMaskedLastSeen(LastSeenFilter):
         max_skipped_fraction: the largest share of a batch left out
             without a pass, in [0, 1]. Defaults to `0.75`.
         seed: optional int seed of the revisit draws.
+        max_skipped_epochs: `None` (the default), or an int >= 1: the most
+            epochs in a row that a sample masked when last seen is left
+            out for.
         warmup_epochs: epochs trained on everything first. Defaults to `1`.
         anneal_fraction: fraction of the epochs, at the end, trained on
             everything. Defaults to `0.0`.
@@ -286,6 +296,7 @@ class SkipMaskedLastSeen(LastSeenFilter):
         revisit=0.2,
         max_skipped_fraction=0.75,
         seed=None,
+        max_skipped_epochs=None,
         warmup_epochs=1,
         anneal_fraction=0.0,
     ):
@@ -297,20 +308,33 @@ class SkipMaskedLastSeen(LastSeenFilter):
             warmup_epochs,
             anneal_fraction,
         )
+        self.max_skipped_epochs = (
+            None
+            if max_skipped_epochs is None
+            else check_int(max_skipped_epochs, "max_skipped_epochs", 1)
+        )
 
-    def record(self, sample_loss, sample_masked):
-        return sample_masked
+    # The memory holds `1 + the epoch` in which a sample was last seen
+    # masked, and 0 where it was last seen with a gradient.
 
-    def candidates(self, remembered, memory):
-        return remembered > 0.5
+    def record(self, sample_loss, sample_masked, epoch):
+        return sample_masked * (ops.cast(epoch, "float32") + 1.0)
+
+    def candidates(self, remembered, memory, epoch):
+        masked = remembered > 0.5
+        if self.max_skipped_epochs is None:
+            return masked
+        age = ops.cast(epoch, "float32") + 1.0 - remembered
+        return ops.logical_and(masked, age <= self.max_skipped_epochs)
 
     def masked_when_seen(self, memory):
-        return memory
+        return ops.cast(memory > 0.5, "float32")
 
     def get_config(self):
         return {
             "revisit": self.revisit,
             "max_skipped_fraction": self.max_skipped_fraction,
+            "max_skipped_epochs": self.max_skipped_epochs,
             **super().get_config(),
         }
 
@@ -371,10 +395,10 @@ class InfoBatch(LastSeenFilter):
         )
         self.prune = prune
 
-    def record(self, sample_loss, sample_masked):
+    def record(self, sample_loss, sample_masked, epoch):
         return sample_loss
 
-    def candidates(self, remembered, memory):
+    def candidates(self, remembered, memory, epoch):
         return remembered < ops.mean(memory)
 
     def masked_when_seen(self, memory):

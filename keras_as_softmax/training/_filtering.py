@@ -133,11 +133,11 @@ def _sample_loss(counted, values):
     return total / ops.maximum(n, 1.0)
 
 
-def _record(last_seen, memory, ids, counted, masked, values, where):
-    """Writes what `last_seen` records of a pass's samples, for the rows
-    where `where` holds."""
+def _record(last_seen, memory, ids, counted, masked, values, where, epoch):
+    """Writes what `last_seen` records of a pass's samples in `epoch`, for
+    the rows where `where` holds."""
     new = last_seen.record(
-        _sample_loss(counted, values), _sample_masked(counted, masked)
+        _sample_loss(counted, values), _sample_masked(counted, masked), epoch
     )
     old = ops.take(memory, ids, axis=0)
     new = ops.where(where, new, old)
@@ -249,7 +249,7 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         active = last_seen.active(epoch, epochs)
         remembered = ops.take(memory, rows.ids, axis=0)
         candidate = ops.logical_and(
-            last_seen.candidates(remembered, memory), active
+            last_seen.candidates(remembered, memory, epoch), active
         )
         keep, weight = last_seen.select(candidate, draws)
         rows = rows._replace(
@@ -303,6 +303,7 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
                 masked,
                 values,
                 _rows_of(go, rows),
+                epoch,
             )
         keep = ops.where(go, sample_masked < 0.5, True)
         if ready is not None:
@@ -345,6 +346,7 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
             masked,
             values,
             _rows_of(full, rows),
+            epoch,
         )
     # Rows scored this step were counted then.
     fresh = _broadcast_rows(1.0 - rows.counted, values)

@@ -165,9 +165,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 name="scored_fraction"
             )
         self._filter_spec = None
-        self._steps_per_epoch = None
-        self._epochs = 1
-        self._initial_epoch = 0
+        self._break_even_meter = None
         if model.built:
             self._create_state()
             self.built = True
@@ -231,7 +229,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             masked_rows=self._state("window_masked_rows", "float32"),
             steps=self._state("accum_steps", "int32", initializer="ones"),
         )
+        # Batches drawn in all of training: the key of the revisit draws.
         self._drawn = self._state("drawn_batches", "int32")
+        if self.sample_filters:
+            # `[epoch, epochs]` of `fit`, written at each epoch's start by
+            # `_EpochSchedule`: a weight, so no step is traced per `fit`.
+            self._schedule = self._state("epoch_schedule", "int32", (2,))
         last_seen = self._last_seen
         if last_seen is not None:
             self._memory = self._state(
@@ -356,7 +359,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             # count, and after a resume.
             size = ops.shape(keras.tree.flatten(inputs)[0])[0]
             draws = stateless_uniform(
-                size, self._revisit_seed.value, self._batch_index()
+                size, self._revisit_seed.value, self._drawn.value
             )
         output, state = _filtering.filtered_step(
             self,
@@ -371,15 +374,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self._assign_filter_state(state)
         return inputs, output
 
-    def _batch_index(self):
-        """The drawn batch's index in training, counted from epoch 0."""
-        spe = max(self._steps_per_epoch or 1, 1)
-        return self._initial_epoch * spe + self._drawn.value
-
     def _epoch_state(self):
-        """`(epoch, epochs)`: the epoch a drawn batch belongs to."""
-        spe = max(self._steps_per_epoch or 1, 1)
-        return self._batch_index() // spe, self._epochs
+        """`(epoch, epochs)` of the running `fit`, int32 tensors."""
+        schedule = self._schedule.value
+        return schedule[0], schedule[1]
 
     def call(self, inputs, training=None):
         inputs, _ = filters_lib.split_sample_ids(inputs)
@@ -578,23 +576,25 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             )[0]
         if self.sample_filters:
             self._prepare_filters(
-                x,
-                y,
-                sample_weight,
-                batch_size,
-                epochs,
-                steps_per_epoch,
-                initial_epoch,
+                x, y, sample_weight, batch_size, steps_per_epoch
             )
         x, y, sample_weight = self._with_preprocessor(
             x, y, sample_weight, batch_size
         )
         if self.preprocessor is not None:
             batch_size = None
-        skip = self._filter_pair[1]
-        if skip is not None and skip.min_masked_ratio is None:
+        if self.sample_filters:
             callbacks = list(kwargs.pop("callbacks", None) or [])
-            callbacks.append(BreakEvenMeter(self._min_masked_ratio))
+            callbacks.append(_EpochSchedule(epochs))
+            skip = self._filter_pair[1]
+            if skip is not None and skip.min_masked_ratio is None:
+                # One meter for the model's life: its timings carry over
+                # from one `fit` to the next.
+                if self._break_even_meter is None:
+                    self._break_even_meter = BreakEvenMeter(
+                        self._min_masked_ratio
+                    )
+                callbacks.append(self._break_even_meter)
             kwargs["callbacks"] = callbacks
         return super().fit(
             x=x,
@@ -609,14 +609,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         )
 
     def _prepare_filters(
-        self,
-        x,
-        y,
-        sample_weight,
-        batch_size,
-        epochs,
-        steps_per_epoch,
-        initial_epoch,
+        self, x, y, sample_weight, batch_size, steps_per_epoch
     ):
         """Checks the data against the filters and builds their state,
         before the first batch."""
@@ -701,25 +694,6 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 f"shape. Expected: {self._filter_spec}. Received: {spec}"
             )
         self._create_filter_state(spec)
-        if steps_per_epoch is None:
-            if is_dataset:
-                cardinality = int(x.cardinality())
-                steps_per_epoch = cardinality if cardinality > 0 else None
-            else:
-                n = len(keras.tree.flatten(x)[0])
-                steps_per_epoch = -(-n // batch)
-        if steps_per_epoch is None:
-            raise ValueError(
-                "Sample filters schedule by epoch: pass `steps_per_epoch` "
-                "for a dataset of unknown length. Received: "
-                "steps_per_epoch=None"
-            )
-        self._steps_per_epoch = int(steps_per_epoch)
-        self._epochs = int(epochs)
-        self._initial_epoch = int(initial_epoch)
-        self._drawn.assign(0)
-        # The schedule is part of the traced step.
-        self.train_function = None
 
     @staticmethod
     def _check_ids(x, is_dataset, num_samples, steps_per_epoch):
@@ -809,6 +783,19 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             for f in config.get("sample_filter") or []
         ]
         return cls(**config)
+
+
+class _EpochSchedule(keras.callbacks.Callback):
+    """Writes `[epoch, epochs]` of `fit` to the model's schedule weight at
+    each epoch's start, where the JAX trainer re-reads its state, and after
+    `BackupAndRestore` has restored the weights."""
+
+    def __init__(self, epochs):
+        super().__init__()
+        self.epochs = int(epochs)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.model._schedule.assign(np.array([epoch, self.epochs], "int32"))
 
 
 def _dtype(a):
