@@ -711,9 +711,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             if int(x.cardinality()) < 0:
                 if steps_per_epoch is None:
                     raise ValueError(
-                        "Sample filters schedule by epoch: pass "
-                        "`steps_per_epoch` for a dataset of unknown or "
-                        "infinite length. Received: steps_per_epoch=None"
+                        "A last-seen filter checks the sample ids of one "
+                        "epoch before training: pass `steps_per_epoch` for "
+                        "a dataset of unknown or infinite length. "
+                        "Received: steps_per_epoch=None"
                     )
                 ids = ids.take(steps_per_epoch)
             low, high = ids.reduce(
