@@ -95,7 +95,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--revisit",
         type=float,
-        default=0.2,
+        default=0.5,
         help="as_skip_stale, as_skip_hybrid: revisit probability",
     )
     args = parser.parse_args(argv)

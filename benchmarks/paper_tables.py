@@ -143,6 +143,7 @@ class Row:
     warmup_ratio: float = 0.0
     lam: float = 0.5
     max_steps: int = 5
+    revisit: float = 0.2  # the tables' setting (the package default is 0.5)
 
 
 AS = dict(delta=0.3, warmup_ratio=0.15)
@@ -563,6 +564,7 @@ def run_one(workspace, task_key, row, seed):
         delta=row.delta,
         lam=row.lam,
         max_steps=row.max_steps,
+        revisit=row.revisit,
         warmup_ratio=warmup_ratio,
         evals_per_epoch=config["evals_per_epoch"],
         jit_compile=False,

@@ -260,7 +260,7 @@ class SkipMaskedLastSeen(LastSeenFilter):
         num_samples: size of the training set (ids are in
             `[0, num_samples)`).
         revisit: probability in (0, 1] that a sample masked when last seen
-            is trained on anyway. Defaults to `0.2`.
+            is trained on anyway. Defaults to `0.5`.
         max_skipped_fraction: the largest share of a batch left out
             without a pass, in [0, 1]. Defaults to `0.75`.
         seed: optional int seed of the revisit draws.
@@ -293,7 +293,7 @@ class SkipMaskedLastSeen(LastSeenFilter):
     def __init__(
         self,
         num_samples,
-        revisit=0.2,
+        revisit=0.5,
         max_skipped_fraction=0.75,
         seed=None,
         max_skipped_epochs=None,

@@ -274,7 +274,7 @@ def wrap_model(
     num_samples,
     lam=0.5,
     max_steps=5,
-    revisit=0.2,
+    revisit=0.5,
     seed=0,
     filter_options=None,
 ):

@@ -248,7 +248,7 @@ def run(
     delta=None,
     lam=0.5,
     max_steps=5,
-    revisit=0.2,
+    revisit=0.5,
     filter_options=None,
     warmup_ratio=0.0,
     evals_per_epoch=1,
