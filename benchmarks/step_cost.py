@@ -221,9 +221,9 @@ def skip_masked_steps(model, data, repeats, quick=False):
             jit_compile=jit,
         )
         if skip:
-            # What `fit` does before its first batch, with the filter on for
-            # every step (its schedule counts the epochs of a fit).
-            w._prepare_filters(x, predicted, None, batch, 2**30, 1, 0)
+            # What `fit` does before its first batch. The schedule stays at
+            # epoch 0 of 1, where a filter with no warm-up is on.
+            w._prepare_filters(x, predicted, None, batch, None)
         return w
 
     parts = {}

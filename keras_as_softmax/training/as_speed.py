@@ -234,7 +234,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         if self.sample_filters:
             # `[epoch, epochs]` of `fit`, written at each epoch's start by
             # `_EpochSchedule`: a weight, so no step is traced per `fit`.
-            self._schedule = self._state("epoch_schedule", "int32", (2,))
+            self._schedule = self._state(
+                "epoch_schedule",
+                "int32",
+                (2,),
+                keras.initializers.Constant([0, 1]),
+            )
         last_seen = self._last_seen
         if last_seen is not None:
             self._memory = self._state(
