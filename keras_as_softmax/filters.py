@@ -248,9 +248,9 @@ class SkipMaskedLastSeen(LastSeenFilter):
 
     What the memory says goes stale: a left-out sample is not seen, and
     some of them have a gradient again epochs later. With
-    `max_skipped_epochs=k`, a sample last seen masked `k` epochs ago or
-    more is seen again (with weight 1: it is not a random revisit), so
-    each sample is seen at least once every `k + 1` epochs.
+    `max_skipped_epochs=k`, a sample last seen masked more than `k` epochs
+    ago is seen again (with weight 1: it is not a random revisit), so each
+    sample is seen at least once every `k + 1` epochs.
 
     The batches carry each sample's id: wrap the inputs with
     `keras_as_softmax.filters.with_sample_ids` (arrays) or
