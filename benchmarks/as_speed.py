@@ -44,7 +44,8 @@ python benchmarks/as_speed.py --methods \
 
 A variant's settings are `lam`, `max_steps` and `revisit`, or any
 argument of the method's filters (`anneal_fraction`, `warmup_epochs`,
-`max_skipped_fraction`, `min_masked_ratio`, `prune`), for one filter
+`max_skipped_fraction`, `min_masked_ratio`, `prune`, `score_margin`,
+`score_training` as `true` or `false`), for one filter
 alone with the prefix `last_seen.` or `skip_masked.`
 (`as_skip_hybrid/last_seen.anneal_fraction=0.125`); the variant is
 reported under its full name.
@@ -130,12 +131,13 @@ def parse_method(spec):
                 f"Expected `key=value` after the method name. Received: "
                 f"{setting!r} in {spec!r}"
             )
-        value = (
-            int(value)
-            if key.rpartition(".")[2]
-            in ("max_steps", "warmup_epochs", "max_skipped_epochs")
-            else float(value)
-        )
+        argument = key.rpartition(".")[2]
+        if argument in ("max_steps", "warmup_epochs", "max_skipped_epochs"):
+            value = int(value)
+        elif argument == "score_training":
+            value = {"true": True, "false": False}[value.lower()]
+        else:
+            value = float(value)
         target = run_settings if key in RUN_SETTINGS else filter_options
         target[key] = value
     return name, run_settings, filter_options

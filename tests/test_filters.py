@@ -369,14 +369,16 @@ def fit_window(sample_filter, jit_compile):
     return model, history.history
 
 
+@pytest.mark.parametrize("score_training", [True, False])
 @pytest.mark.parametrize("jit_compile", JIT)
-def test_skip_masked_gives_the_plain_update(jit_compile):
+def test_skip_masked_gives_the_plain_update(jit_compile, score_training):
     """A window of two batches with two unmasked samples each: one training
     pass on the four, with their batches' coefficients, equals the plain
-    accumulated update."""
+    accumulated update (without dropout, in either scoring mode)."""
     plain, plain_logs = fit_window(None, jit_compile)
     skip, skip_logs = fit_window(
-        filters.SkipMasked(0.0, warmup_epochs=0), jit_compile
+        filters.SkipMasked(0.0, warmup_epochs=0, score_training=score_training),
+        jit_compile,
     )
     assert not np.allclose(plain.get_weights()[0], np.eye(NUM_CLASSES))
     for a, b in zip(plain.get_weights(), skip.get_weights()):
@@ -385,6 +387,66 @@ def test_skip_masked_gives_the_plain_update(jit_compile):
     np.testing.assert_allclose(
         skip_logs["masked_ratio"][0], plain_logs["masked_ratio"][0]
     )
+
+
+@pytest.mark.parametrize("score_training", [True, False])
+def test_scoring_mode_decides_what_dropout_can_unmask(score_training):
+    """Every sample leads by a wide margin without dropout; dropout at 0.5
+    drops the lead of about half of them. Scoring in inference mode leaves
+    them all out; scoring in training mode, as the training pass runs,
+    keeps the ones dropout unmasks."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, NUM_CLASSES, 64)
+    x = 8.0 * np.eye(NUM_CLASSES, dtype="float32")[y]
+    inputs = keras.Input((NUM_CLASSES,))
+    hidden = keras.layers.Dropout(0.5, seed=1)(inputs)
+    outputs = keras.layers.Dense(NUM_CLASSES, kernel_initializer="identity")(
+        hidden
+    )
+    wrapped = kas.ASSpeed(
+        keras.Model(inputs, outputs),
+        sample_filter=filters.SkipMasked(
+            0.0, warmup_epochs=0, score_training=score_training
+        ),
+    )
+    wrapped.compile(  # a learning rate of 0 keeps every margin as it is
+        optimizer=keras.optimizers.SGD(0.0),
+        loss=kas.ASSoftmaxLoss(0.3),
+        jit_compile=JIT[0],
+    )
+    logs = wrapped.fit(x, y, batch_size=8, epochs=1, verbose=0).history
+    if score_training:
+        assert 0.0 < logs["trained_fraction"][0] < 1.0
+    else:
+        assert logs["trained_fraction"] == [0.0]
+        assert logs["masked_ratio"] == [1.0]
+
+
+@pytest.mark.parametrize("score_margin, trained", [(0.0, 0.0), (0.2, 0.5)])
+def test_score_margin_trains_the_masked_samples_within_it(
+    score_margin, trained
+):
+    """Every sample is masked at delta 0.3: half lead by 0.47, half by
+    0.93. A scoring margin of 0.2 sends the first half to training (the
+    two batches that hold them), and the counts still see every sample
+    masked."""
+    y = np.arange(32) % NUM_CLASSES
+    lead = np.where(np.arange(32) < 16, 1.5, 4.0).astype("float32")
+    x = lead[:, None] * np.eye(NUM_CLASSES, dtype="float32")[y]
+    wrapped = kas.ASSpeed(
+        identity_model(),
+        sample_filter=filters.SkipMasked(
+            0.0, warmup_epochs=0, score_margin=score_margin
+        ),
+    )
+    wrapped.compile(
+        optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT[0]
+    )
+    logs = wrapped.fit(
+        x, y, batch_size=8, epochs=1, shuffle=False, verbose=0
+    ).history
+    assert logs["trained_fraction"] == [trained]
+    assert logs["masked_ratio"] == [1.0]
 
 
 def test_low_masked_share_takes_plain_steps():
@@ -530,9 +592,8 @@ def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
     f = filters.SkipMaskedLastSeen(
         64, revisit=0.3, seed=1, max_skipped_epochs=2
     )
-    wrapped = kas.ASSpeed(
-        small_model(), sample_filter=[f, filters.SkipMasked()]
-    )
+    skip = filters.SkipMasked(score_training=False, score_margin=0.1)
+    wrapped = kas.ASSpeed(small_model(), sample_filter=[f, skip])
     wrapped.compile(
         optimizer=keras.optimizers.Adam(0.03),
         loss=kas.ASSoftmaxLoss(0.3),
@@ -558,6 +619,7 @@ def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
         filters.SkipMasked,
     ]
     assert loaded.sample_filters[0].get_config() == f.get_config()
+    assert loaded.sample_filters[1].get_config() == skip.get_config()
     np.testing.assert_array_equal(ops.convert_to_numpy(loaded._memory), memory)
     assert float(ops.convert_to_numpy(loaded._min_masked_ratio)) == threshold
     np.testing.assert_allclose(
@@ -742,6 +804,10 @@ def test_bad_input():
         filters.SkipMaskedLastSeen(0)
     with pytest.raises(ValueError, match="min_masked_ratio"):
         filters.SkipMasked(min_masked_ratio=-0.1)
+    with pytest.raises(ValueError, match="score_training.*'no'"):
+        filters.SkipMasked(score_training="no")
+    with pytest.raises(ValueError, match=r"score_margin.*\[0, 1\].*1.5"):
+        filters.SkipMasked(score_margin=1.5)
     with pytest.raises(ValueError, match="sample_filter"):
         kas.ASSpeed(small_model(), sample_filter="skip")
     with pytest.raises(ValueError, match="prune"):

@@ -50,7 +50,10 @@ def is_concrete(x):
 
 
 def check_delta(delta):
-    """Checks a margin in [0, 1]; a `keras.Variable` passes through."""
+    """Checks a margin in [0, 1]; a `keras.Variable` or a tensor (a value
+    computed from one) passes through unread."""
+    if keras.ops.is_tensor(delta):
+        return delta
     return _validation.check_fraction(delta, "delta")
 
 

@@ -73,15 +73,21 @@ def row_flags(loss, y, values, sample_weight):
     return counted, masked, valid
 
 
-def row_values(loss, y, y_pred):
-    """The loss's per-row values, computed as `Loss.__call__` would."""
+def row_values(loss, y, y_pred, margin=0.0):
+    """The loss's per-row values, computed as `Loss.__call__` would; with
+    a `margin`, those of the same AS loss with `delta + margin` (at most
+    1)."""
     y = keras.tree.map_structure(
         lambda t: ops.convert_to_tensor(t, dtype=loss.dtype), y
     )
     y_pred = keras.tree.map_structure(
         lambda t: ops.convert_to_tensor(t, dtype=loss.dtype), y_pred
     )
-    return ops.cast(loss.call(y, y_pred), "float32")
+    if not margin:
+        return ops.cast(loss.call(y, y_pred), "float32")
+    delta = ops.minimum(ops.convert_to_tensor(loss.delta) + margin, 1.0)
+    kwargs = {**loss._fn_kwargs, "delta": delta}
+    return ops.cast(loss.fn(y, y_pred, **kwargs), "float32")
 
 
 def _to_rows(weight, rows):
@@ -294,6 +300,11 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         y_pred = hooks.maybe_score(go, score_x)
         counted, masked, values = _pass_flags(loss, rows, score_y, y_pred, go)
         sample_masked = _sample_masked(counted, masked)
+        skippable = sample_masked
+        if skip_masked.score_margin:
+            strict = row_values(loss, score_y, y_pred, skip_masked.score_margin)
+            strict = ops.logical_and(counted, ops.equal(strict, 0.0))
+            skippable = _sample_masked(counted, strict)
         if last_seen is not None:
             memory = _record(
                 last_seen,
@@ -305,7 +316,7 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
                 _rows_of(go, rows),
                 epoch,
             )
-        keep = ops.where(go, sample_masked < 0.5, True)
+        keep = ops.where(go, skippable < 0.5, True)
         if ready is not None:
             keep = ops.logical_and(keep, ready)
         n_all = ops.sum(ops.cast(counted, "float32"))

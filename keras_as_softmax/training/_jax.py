@@ -160,10 +160,15 @@ class _Hooks:
         return [values[i] for i in self.pass_index]
 
     def score(self, state, x):
-        """A forward pass in training mode; only dropout's seed state
+        """A forward pass in training mode (in inference mode with
+        `SkipMasked(score_training=False)`); only dropout's seed state
         advances (moving statistics stay as they were)."""
-        y_pred, updated = self.model.stateless_call(
-            self.trainable, self._full(state), x, training=True
+        model = self.model
+        y_pred, updated = model.stateless_call(
+            self.trainable,
+            self._full(state),
+            x,
+            training=model._filter_pair[1].score_training,
         )
         state = [
             new if keep else old
