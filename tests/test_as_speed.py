@@ -577,6 +577,21 @@ def test_keras_hub_task_fed_raw_strings():
     assert "loss" in wrapped.evaluate(
         texts, labels, batch_size=4, verbose=0, return_dict=True
     )
+    # The last-seen filter on raw strings: the ids pass the preprocessor.
+    skipper = kas.filters.SkipMaskedLastSeen(16, warmup_epochs=0)
+    filtered = kas.ASSpeed(task, sample_filter=skipper)
+    filtered.compile(
+        optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT
+    )
+    history = filtered.fit(
+        kas.filters.with_sample_ids(texts),
+        labels,
+        batch_size=4,
+        epochs=2,
+        verbose=0,
+    )
+    assert np.all(np.isfinite(history.history["loss"]))
+    assert history.history["trained_fraction"][0] > 0
 
 
 def test_delta_warmup_switches_inside_compiled_training():

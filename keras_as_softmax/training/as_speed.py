@@ -547,14 +547,25 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
             x = tf.data.Dataset.from_tensor_slices(data).batch(batch_size or 32)
 
+        # The id helpers hold no tensor control flow, so AutoGraph leaves
+        # them as they are (its cache of converted functions has called a
+        # converted `attach_sample_ids` for `split_sample_ids` late in a
+        # long test session).
+        split_ids = tf.autograph.experimental.do_not_convert(
+            filters_lib.split_sample_ids
+        )
+        attach_ids = tf.autograph.experimental.do_not_convert(
+            filters_lib.attach_sample_ids
+        )
+
         def preprocess(*element):
-            inputs, ids = filters_lib.split_sample_ids(element[0])
+            inputs, ids = split_ids(element[0])
             out = preprocessor(inputs, *element[1:])
             if ids is None:
                 return out
             if not isinstance(out, tuple):
                 out = (out,)
-            return (filters_lib.attach_sample_ids(out[0], ids), *out[1:])
+            return (attach_ids(out[0], ids), *out[1:])
 
         x = x.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         return x.prefetch(tf.data.AUTOTUNE), None, None
