@@ -41,6 +41,7 @@ from keras import ops
 
 from keras_as_softmax._validation import check_fraction
 from keras_as_softmax._validation import check_int
+from keras_as_softmax._validation import check_one_of
 
 
 class SampleFilter:
@@ -149,12 +150,9 @@ class SkipMasked(SampleFilter):
                 min_masked_ratio, "min_masked_ratio"
             )
         self.min_masked_ratio = min_masked_ratio
-        if not isinstance(score_training, bool):
-            raise ValueError(
-                "Expected `score_training` to be True or False. Received: "
-                f"score_training={score_training!r}"
-            )
-        self.score_training = score_training
+        self.score_training = bool(
+            check_one_of(score_training, "score_training", (True, False))
+        )
         self.score_margin = check_fraction(score_margin, "score_margin")
 
     def get_config(self):
