@@ -2,8 +2,9 @@
 
 The accumulation window, the filters' queues and the last-seen memory are
 non-trainable model variables, so they travel in `non_trainable_variables`
-through the pure step; the optimizer runs inside `jax.lax.cond`, which XLA
-compiles to a conditional that executes only the taken branch.
+through the pure step; the optimizer runs only at the end of a window,
+inside a loop that runs once or not at all (`run_if`), so the weights,
+AdamW's moments and the window's sums are updated in place.
 
 With filters and `jit_compile`, the step is staged: the host decides from
 the queues whether a pass runs, and calls a program compiled for that
@@ -22,6 +23,25 @@ import keras
 from keras_as_softmax import filters
 from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import accumulation
+
+
+def run_if(pred, fn, operands):
+    """`fn(operands)` where the scalar `pred` holds, else `operands`.
+
+    A `jax.lax.cond` returns fresh buffers, so its untaken branch copies
+    every operand: for the end of a window, the weights, AdamW's moments
+    and the window's sums, 40 ms of a 550 ms MiniLM step on this CPU, on
+    every step that updates nothing. A `jax.lax.while_loop` that runs once
+    or not at all carries its operands in place: the untaken case costs
+    nothing, the taken one about what the cond did.
+    """
+
+    def body(carry):
+        _, operands = carry
+        return jax.numpy.zeros((), "bool"), fn(operands)
+
+    pred = jax.numpy.asarray(pred, "bool")
+    return jax.lax.while_loop(lambda carry: carry[0], body, (pred, operands))[1]
 
 
 def stateless_uniform(size, seed, counter):
@@ -324,10 +344,9 @@ class ASSpeedTrainer:
             )
             return list(trainable), list(optimizer_vars), window
 
-        trainable, optimizer_vars, window = jax.lax.cond(
+        trainable, optimizer_vars, window = run_if(
             accumulation.is_due(window),
             apply_window,
-            lambda operands: operands,
             (list(trainable), list(optimizer_vars), window),
         )
         for v, value in zip(
