@@ -1,0 +1,181 @@
+"""JAX: what each staged program of a filtered step costs, and the end of a
+window's conditional.
+
+Two parts, each measured side by side in one process:
+
+* `window`: a step that updates nothing, on a MiniLM-sized state (22.7M
+  weights, AdamW's two moments and the window's gradient sums, donated),
+  with the end of the window inside `jax.lax.cond` and inside
+  `_jax.run_if` (a `jax.lax.while_loop` run once or not at all), taken and
+  not taken. Median of 15 calls each.
+* `stages`: fits all-MiniLM-L6-v2 on the bundled WordNet task with
+  `SkipMasked` (1024 sentences, 5 epochs, batch 32, length 32) and times
+  every call of the staged step's programs (decide, score, finish with
+  and without a training pass), blocking on each, the first five calls of
+  each left out; then the same fit with `jax.lax.cond` at the end of the
+  window, and the softmax step's median in the last epoch.
+
+    python benchmarks/jax_stage_cost.py
+    python benchmarks/jax_stage_cost.py --parts window
+"""
+
+import argparse
+import collections
+import os
+import sys
+import time
+
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from keras_as_softmax.training import _jax  # noqa: E402
+
+MINILM_WEIGHTS = 22_700_000
+
+
+def lax_cond(pred, fn, operands):
+    return jax.lax.cond(pred, fn, lambda operands: operands, operands)
+
+
+def median_ms(fn, state, *args, calls=15):
+    state = fn(state, *args)
+    jax.block_until_ready(state)
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        state = fn(state, *args)
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - start)
+    return 1000 * float(np.median(times)), state
+
+
+def window_part():
+    pieces = 8
+    size = MINILM_WEIGHTS // pieces
+
+    def tensors(value):
+        return [
+            jax.numpy.full((size,), value, "float32") for _ in range(pieces)
+        ]
+
+    state = (tensors(1.0), tensors(0.0) + tensors(0.0), tensors(0.0))
+
+    def apply(operands):
+        weights, moments, sums = operands
+        weights = [w - 1e-3 * s for w, s in zip(weights, sums)]
+        moments = [0.9 * m for m in moments]
+        return weights, moments, [0.0 * s for s in sums]
+
+    print("the end of a window, MiniLM-sized state, median ms per step:")
+    for name, conditional in (
+        ("jax.lax.cond", lax_cond),
+        ("run_if", _jax.run_if),
+    ):
+        step = jax.jit(
+            lambda state, pred, conditional=conditional: conditional(
+                pred, apply, state
+            ),
+            donate_argnums=0,
+        )
+        for pred in (False, True):
+            ms, state = median_ms(step, state, pred)
+            taken = "taken" if pred else "not taken"
+            print(f"  {name:13s} {taken:9s} {ms:7.1f}")
+    straight = jax.jit(apply, donate_argnums=0)
+    ms, state = median_ms(straight, state)
+    print(f"  {'no conditional, always applied':23s} {ms:7.1f}")
+
+
+def stage_part(train_size, epochs):
+    import as_softmax_lab as lab
+    from as_softmax_lab import datasets
+
+    backbone = lab.load_backbone("offline-minilm")
+    data = datasets.load_text_classification(
+        "wordnet",
+        max_examples={"train": train_size, "validation": 64, "test": 64},
+    )
+    prepared = lab.prepare_data(data, backbone.tokenizer, 32)
+    times = collections.defaultdict(list)
+
+    class TimedJax:
+        """`jax` for `_jax.py`, whose `jit` times each call, blocking."""
+
+        def __getattr__(self, name):
+            return getattr(jax, name)
+
+        def jit(self, fn, **kwargs):
+            compiled = jax.jit(fn, **kwargs)
+            stage = getattr(fn, "args", (None,))[0]
+            name = {"decide": "decide", "run": "score"}.get(stage)
+            if name is None:
+                name = (
+                    "finish, training pass"
+                    if fn.__defaults__[0]
+                    else ("finish, no training pass")
+                )
+
+            def timed(*args):
+                start = time.perf_counter()
+                outputs = compiled(*args)
+                jax.block_until_ready(outputs)
+                times[name].append(time.perf_counter() - start)
+                return outputs
+
+            return timed
+
+    def last_epoch_ms(result):
+        return 1000 * float(
+            np.median([s for e, _, s in result.step_times if e == epochs])
+        )
+
+    _jax.jax = TimedJax()
+    run_if = _jax.run_if
+    try:
+        for name, conditional in (
+            ("run_if", run_if),
+            ("jax.lax.cond", lax_cond),
+        ):
+            _jax.run_if = conditional
+            times.clear()
+            result = lab.run(
+                "as_skip", prepared, backbone, seed=0, epochs=epochs, verbose=0
+            )
+            print(
+                f"SkipMasked, end of window in {name}: last epoch's step "
+                f"median {last_epoch_ms(result):.0f} ms; per program:"
+            )
+            for program, seconds in sorted(times.items()):
+                seconds = 1000 * np.asarray(seconds[5:])
+                if len(seconds):
+                    print(
+                        f"  {program:26s} calls {len(seconds):4d} "
+                        f"median {np.median(seconds):7.1f} ms"
+                    )
+    finally:
+        _jax.jax, _jax.run_if = jax, run_if
+    result = lab.run(
+        "softmax", prepared, backbone, seed=0, epochs=epochs, verbose=0
+    )
+    print(f"softmax: last epoch's step median {last_epoch_ms(result):.0f} ms")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", default="window,stages")
+    parser.add_argument("--train-size", type=int, default=1024)
+    parser.add_argument("--epochs", type=int, default=5)
+    args = parser.parse_args(argv)
+    parts = args.parts.split(",")
+    if "window" in parts:
+        window_part()
+    if "stages" in parts:
+        stage_part(args.train_size, args.epochs)
+
+
+if __name__ == "__main__":
+    main()
