@@ -30,7 +30,7 @@ def run_if(pred, fn, operands):
 
     A `jax.lax.cond` returns fresh buffers, so its untaken branch copies
     every operand: for the end of a window, the weights, AdamW's moments
-    and the window's sums, 40 ms of a 550 ms MiniLM step on this CPU, on
+    and the window's sums, 42 ms of a 550 ms MiniLM step on this CPU, on
     every step that updates nothing. A `jax.lax.while_loop` that runs once
     or not at all carries its operands in place: the untaken case costs
     nothing, the taken one about what the cond did.
