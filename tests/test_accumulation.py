@@ -1,8 +1,6 @@
 """The accumulation core, without a model."""
 
-import keras
 import numpy as np
-import pytest
 from keras import ops
 
 from keras_as_softmax.training import accumulation
@@ -68,26 +66,3 @@ def test_rule_never_decreases_grows_by_one_and_stops_at_the_cap():
     assert value(4, 10.0, 10.0, 0.5, 4) == 4  # all masked, at the cap
     assert value(2, 0.0, 0.0, 0.5, 4) == 2  # nothing counted: unchanged
     assert value(1, 10.0, 10.0, 0.5, 4) == 2  # all masked proposes growth
-
-
-@pytest.mark.skipif(
-    keras.backend.backend() != "jax", reason="the JAX trainer's conditional"
-)
-def test_run_if_applies_once_or_not_at_all_under_jit_with_donation():
-    import jax
-
-    from keras_as_softmax.training._jax import run_if
-
-    def step(operands, pred):
-        weights, count = operands
-        return run_if(
-            pred, lambda ops_: (ops_[0] - 1.0, ops_[1] + 1), (weights, count)
-        )
-
-    step = jax.jit(step, donate_argnums=0)
-    operands = (np.ones((3, 2), "float32"), np.zeros((), "int32"))
-    for pred, expected in ((False, 0), (True, 1), (True, 2), (False, 2)):
-        operands = step(operands, pred)
-        weights, count = (np.asarray(t) for t in operands)
-        assert int(count) == expected
-        np.testing.assert_array_equal(weights, np.full((3, 2), 1.0 - expected))

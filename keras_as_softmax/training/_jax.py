@@ -2,16 +2,22 @@
 
 The accumulation window, the filters' queues and the last-seen memory are
 non-trainable model variables, so they travel in `non_trainable_variables`
-through the pure step; the optimizer runs only at the end of a window,
-inside a loop that runs once or not at all (`run_if`), so the weights,
-AdamW's moments and the window's sums are updated in place.
+through the pure step. In one program (`train_step`), the end of a window
+(the mean, the optimizer, the reset) runs inside `jax.lax.cond`, which
+XLA compiles to a conditional that executes only the taken branch.
 
 With filters and `jit_compile`, the step is staged: the host decides from
 the queues whether a pass runs, and calls a program compiled for that
-decision, in which the pass is straight-line code (`_Plan`). With the
+decision, in which the passes are straight-line code (`_Plan`). With the
 training pass inside `jax.lax.cond`, a filtered step with nothing to skip
 cost 1.77x a plain one on XLA:CPU; staged, 1.05x
-(`benchmarks/jax_filter_cost.py`).
+(`benchmarks/jax_filter_cost.py`). The end of a window is staged too:
+the host reads whether the window is due and calls the program with or
+without it. A `jax.lax.cond` returns fresh buffers, so its untaken branch
+copied the
+weights, AdamW's moments and the window's sums on every step that updated
+nothing: 42 ms of a MiniLM step that trains nothing, against 6 ms
+without it (`benchmarks/jax_stage_cost.py`).
 """
 
 import functools
@@ -23,25 +29,6 @@ import keras
 from keras_as_softmax import filters
 from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import accumulation
-
-
-def run_if(pred, fn, operands):
-    """`fn(operands)` where the scalar `pred` holds, else `operands`.
-
-    A `jax.lax.cond` returns fresh buffers, so its untaken branch copies
-    every operand: for the end of a window, the weights, AdamW's moments
-    and the window's sums, 42 ms of a 550 ms MiniLM step on this CPU, on
-    every step that updates nothing. A `jax.lax.while_loop` that runs once
-    or not at all carries its operands in place: the untaken case costs
-    nothing, the taken one about what the cond did.
-    """
-
-    def body(carry):
-        _, operands = carry
-        return jax.numpy.zeros((), "bool"), fn(operands)
-
-    pred = jax.numpy.asarray(pred, "bool")
-    return jax.lax.while_loop(lambda carry: carry[0], body, (pred, operands))[1]
 
 
 def stateless_uniform(size, seed, counter):
@@ -67,12 +54,15 @@ class _Plan(NamedTuple):
     its outputs) or `"given"` (the outputs, of either, come in `scored`).
     `train`, the training pass: `"stop"` (end the trace with what was
     noted and whether a pass is due), `True` or `False`. A plan of `None`
-    is one program with each pass inside `jax.lax.cond`.
+    is one program with each pass inside `jax.lax.cond`. `apply`: whether
+    the window may end in this step, which the host reads before it (if
+    not, the step has no conditional around the end of a window).
     """
 
     score: str
     train: object
     scored: object = None  # (y_pred, pass state) after the scoring pass
+    apply: bool = False  # whether the window ends in this step
 
 
 class _Hooks:
@@ -240,21 +230,36 @@ class ASSpeedTrainer:
         decide = jax.jit(functools.partial(self._until_training, "decide"))
         score = jax.jit(functools.partial(self._until_training, "run"))
         finish = {
-            train: jax.jit(
-                lambda state, data, scored, train=train: self._step(
-                    state, data, _Plan("given", train, scored)
+            (train, apply): jax.jit(
+                lambda state, data, scored, train=train, apply=apply: (
+                    self._step(
+                        state, data, _Plan("given", train, scored, apply)
+                    )
                 ),
                 donate_argnums=0,
                 out_shardings=out_shardings,
             )
             for train in (False, True)
+            for apply in (False, True)
         }
+        index = {id(v): i for i, v in enumerate(self.non_trainable_variables)}
+        counts = [
+            index[id(v)]
+            for v in (
+                self._accumulation.micro_batches,
+                self._accumulation.steps,
+            )
+        ]
 
         def step(state, data):
             (score_due, scored), train_due = decide(state, data)
             if score_due:
                 scored, train_due = score(state, data)
-            return finish[bool(train_due)](state, data, scored)
+            # The window is due once this step's drawn batch is added.
+            batches, steps = (int(state[1][i]) for i in counts)
+            return finish[bool(train_due), batches + 1 >= steps](
+                state, data, scored
+            )
 
         self.train_function = self._make_function(step)
 
@@ -334,21 +339,15 @@ class ASSpeedTrainer:
         )
         window = accumulation.add(window, grads, rows, masked)
 
-        def apply_window(operands):
-            trainable, optimizer_vars, window = operands
-            mean_grads, window = accumulation.finish_window(
-                window, self.lam, self.max_steps
+        # A staged step that the host knows ends no window has no
+        # conditional: its untaken branch would copy every operand.
+        if plan is None or plan.apply:
+            trainable, optimizer_vars, window = jax.lax.cond(
+                accumulation.is_due(window),
+                self._finish_window,
+                lambda operands: operands,
+                (list(trainable), list(optimizer_vars), window),
             )
-            trainable, optimizer_vars = self.optimizer.stateless_apply(
-                optimizer_vars, mean_grads, trainable
-            )
-            return list(trainable), list(optimizer_vars), window
-
-        trainable, optimizer_vars, window = run_if(
-            accumulation.is_due(window),
-            apply_window,
-            (list(trainable), list(optimizer_vars), window),
-        )
         for v, value in zip(
             window_variables, keras.tree.flatten(tuple(window))
         ):
@@ -370,6 +369,18 @@ class ASSpeedTrainer:
         ]
         logs["accum_steps"] = window.steps
         return logs, (trainable, non_trainable, optimizer_vars, metrics_vars)
+
+    def _finish_window(self, operands):
+        """The end of a window: `(trainable, optimizer_vars, window)` after
+        the optimizer applied the window's mean, with the window reset."""
+        trainable, optimizer_vars, window = operands
+        mean_grads, window = accumulation.finish_window(
+            window, self.lam, self.max_steps
+        )
+        trainable, optimizer_vars = self.optimizer.stateless_apply(
+            optimizer_vars, mean_grads, trainable
+        )
+        return list(trainable), list(optimizer_vars), window
 
     def test_step(self, state, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
