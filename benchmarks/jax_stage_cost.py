@@ -1,19 +1,20 @@
-"""JAX: what each staged program of a filtered step costs, and the end of a
-window's conditional.
+"""JAX: what each staged program of a filtered step costs, and what the
+conditional around the end of a window costs.
 
 Two parts, each measured side by side in one process:
 
-* `window`: a step that updates nothing, on a MiniLM-sized state (22.7M
-  weights, AdamW's two moments and the window's gradient sums, donated),
-  with the end of the window inside `jax.lax.cond` and inside
-  `_jax.run_if` (a `jax.lax.while_loop` run once or not at all), taken and
-  not taken. Median of 15 calls each.
+* `window`: a step on a MiniLM-sized state (22.7M weights, AdamW's two
+  moments and the window's gradient sums, donated), with the end of the
+  window inside `jax.lax.cond` (taken and not taken) and without a
+  conditional (applied, and absent: what the staged step runs when the
+  host knows the window is not due). Median of 15 calls.
 * `stages`: fits all-MiniLM-L6-v2 on the bundled WordNet task with
   `SkipMasked` (1024 sentences, 5 epochs, batch 32, length 32) and times
   every call of the staged step's programs (decide, score, finish with
-  and without a training pass), blocking on each, the first five calls of
-  each left out; then the same fit with `jax.lax.cond` at the end of the
-  window, and the softmax step's median in the last epoch.
+  and without a training pass, with and without the end of a window),
+  blocking on each, the first five calls of each left out; then the same
+  fit with the conditional in every step (as in one program), and the
+  softmax step's median in the last epoch.
 
     python benchmarks/jax_stage_cost.py
     python benchmarks/jax_stage_cost.py --parts window
@@ -71,23 +72,16 @@ def window_part():
         return weights, moments, [0.0 * s for s in sums]
 
     print("the end of a window, MiniLM-sized state, median ms per step:")
-    for name, conditional in (
-        ("jax.lax.cond", lax_cond),
-        ("run_if", _jax.run_if),
-    ):
+    for pred in (False, True):
         step = jax.jit(
-            lambda state, pred, conditional=conditional: conditional(
-                pred, apply, state
-            ),
-            donate_argnums=0,
+            lambda state, pred: lax_cond(pred, apply, state), donate_argnums=0
         )
-        for pred in (False, True):
-            ms, state = median_ms(step, state, pred)
-            taken = "taken" if pred else "not taken"
-            print(f"  {name:13s} {taken:9s} {ms:7.1f}")
-    straight = jax.jit(apply, donate_argnums=0)
-    ms, state = median_ms(straight, state)
-    print(f"  {'no conditional, always applied':23s} {ms:7.1f}")
+        ms, state = median_ms(step, state, pred)
+        taken = "taken" if pred else "not taken"
+        print(f"  jax.lax.cond, {taken:21s} {ms:7.1f}")
+    for name, fn in (("applied", apply), ("absent", lambda state: state)):
+        ms, state = median_ms(jax.jit(fn, donate_argnums=0), state)
+        print(f"  no conditional, {name:19s} {ms:7.1f}")
 
 
 def stage_part(train_size, epochs):
@@ -113,10 +107,10 @@ def stage_part(train_size, epochs):
             stage = getattr(fn, "args", (None,))[0]
             name = {"decide": "decide", "run": "score"}.get(stage)
             if name is None:
+                train, apply = fn.__defaults__
                 name = (
-                    "finish, training pass"
-                    if fn.__defaults__[0]
-                    else ("finish, no training pass")
+                    f"finish, {'' if train else 'no '}training pass, "
+                    f"{'' if apply else 'no '}window end"
                 )
 
             def timed(*args):
@@ -133,31 +127,37 @@ def stage_part(train_size, epochs):
             np.median([s for e, _, s in result.step_times if e == epochs])
         )
 
+    staged_step = _jax.ASSpeedTrainer._step
+
+    def conditional_every_step(self, state, data, plan):
+        if plan is not None and plan.score == "given":
+            plan = plan._replace(apply=True)
+        return staged_step(self, state, data, plan)
+
     _jax.jax = TimedJax()
-    run_if = _jax.run_if
     try:
-        for name, conditional in (
-            ("run_if", run_if),
-            ("jax.lax.cond", lax_cond),
+        for name, step in (
+            ("only where due", staged_step),
+            ("in every step", conditional_every_step),
         ):
-            _jax.run_if = conditional
+            _jax.ASSpeedTrainer._step = step
             times.clear()
             result = lab.run(
                 "as_skip", prepared, backbone, seed=0, epochs=epochs, verbose=0
             )
             print(
-                f"SkipMasked, end of window in {name}: last epoch's step "
-                f"median {last_epoch_ms(result):.0f} ms; per program:"
+                f"SkipMasked, end-of-window conditional {name}: last epoch's "
+                f"step median {last_epoch_ms(result):.0f} ms; per program:"
             )
             for program, seconds in sorted(times.items()):
                 seconds = 1000 * np.asarray(seconds[5:])
                 if len(seconds):
                     print(
-                        f"  {program:26s} calls {len(seconds):4d} "
+                        f"  {program:42s} calls {len(seconds):4d} "
                         f"median {np.median(seconds):7.1f} ms"
                     )
     finally:
-        _jax.jax, _jax.run_if = jax, run_if
+        _jax.jax, _jax.ASSpeedTrainer._step = jax, staged_step
     result = lab.run(
         "softmax", prepared, backbone, seed=0, epochs=epochs, verbose=0
     )
