@@ -13,11 +13,11 @@ training pass inside `jax.lax.cond`, a filtered step with nothing to skip
 cost 1.77x a plain one on XLA:CPU; staged, 1.05x
 (`benchmarks/jax_filter_cost.py`). The end of a window is staged too:
 the host reads whether the window is due and calls the program with or
-without it. A `jax.lax.cond` returns fresh buffers, so its untaken branch
-copied the
-weights, AdamW's moments and the window's sums on every step that updated
-nothing: 42 ms of a MiniLM step that trains nothing, against 6 ms
-without it (`benchmarks/jax_stage_cost.py`).
+without the conditional around it. A `jax.lax.cond` returns fresh
+buffers, so its untaken branch copied the weights, AdamW's moments and the
+window's sums on every step that ended no window: 42.8 ms of a MiniLM step
+that trains nothing, against 2.8 ms without it
+(`benchmarks/jax_stage_cost.py`).
 """
 
 import functools
@@ -62,7 +62,7 @@ class _Plan(NamedTuple):
     score: str
     train: object
     scored: object = None  # (y_pred, pass state) after the scoring pass
-    apply: bool = False  # whether the window ends in this step
+    apply: bool = False  # whether the window may end in this step
 
 
 class _Hooks:
