@@ -6,7 +6,8 @@ AS-Softmax and AS-Speed, for several seeds each, and prints per method:
 final validation and test accuracy (mean ± std over seeds), training
 seconds per epoch (XLA compilation and validation excluded), optimizer
 updates, training seconds until softmax's best validation accuracy (same
-seed) is first reached, and the ratios of those times to softmax's.
+seed) is first reached, the ratios of those times to softmax's, and the
+ratio of whole runs with compilation counted.
 
 The default run: 2048 training sentences, 8 epochs, three seeds, on
 TensorFlow (XLA) or JAX (`KERAS_BACKEND=jax`). The methods:
@@ -224,7 +225,8 @@ def main(argv=None):
         "\ns/epoch: training seconds per epoch, XLA compile and validation "
         "excluded; t->base best: training seconds until the softmax run of "
         "the same seed's best validation accuracy is reached ('-' if some "
-        "seed never does); ratios are to softmax (< 1 is faster)."
+        "seed never does); ratios are to softmax (< 1 is faster); +compile "
+        "ratio: of whole runs, training and compile seconds together."
     )
     print(f"total wall time {time.perf_counter() - start:.0f}s")
     return 0

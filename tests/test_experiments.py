@@ -372,6 +372,8 @@ def test_compare_time_to_reach():
         0
     ]
     assert "0.80" in row  # time ratio 16 / 20 and epoch ratio 8 / 10
+    # With compilation (1 s each): (3 * 8 + 1) / (3 * 10 + 1).
+    assert f"{25 / 31:.2f}" in row
 
 
 # ------------------------------------------------------------------ demo
