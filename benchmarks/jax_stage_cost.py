@@ -107,10 +107,10 @@ def stage_part(train_size, epochs):
             stage = getattr(fn, "args", (None,))[0]
             name = {"decide": "decide", "run": "score"}.get(stage)
             if name is None:
-                train, apply = fn.__defaults__
+                train, due = fn.__defaults__
                 name = (
                     f"finish, {'' if train else 'no '}training pass, "
-                    f"{'' if apply else 'no '}window end"
+                    f"{'' if due else 'no '}window end"
                 )
 
             def timed(*args):
@@ -129,9 +129,7 @@ def stage_part(train_size, epochs):
 
     staged_step = _jax.ASSpeedTrainer._step
 
-    def conditional_every_step(self, state, data, plan):
-        if plan is not None and plan.score == "given":
-            plan = plan._replace(apply=True)
+    def conditional_every_step(self, state, data, plan, due=None):
         return staged_step(self, state, data, plan)
 
     _jax.jax = TimedJax()

@@ -54,15 +54,12 @@ class _Plan(NamedTuple):
     its outputs) or `"given"` (the outputs, of either, come in `scored`).
     `train`, the training pass: `"stop"` (end the trace with what was
     noted and whether a pass is due), `True` or `False`. A plan of `None`
-    is one program with each pass inside `jax.lax.cond`. `apply`: whether
-    the window may end in this step, which the host reads before it (if
-    not, the step has no conditional around the end of a window).
+    is one program with each pass inside `jax.lax.cond`.
     """
 
     score: str
     train: object
     scored: object = None  # (y_pred, pass state) after the scoring pass
-    apply: bool = False  # whether the window may end in this step
 
 
 class _Hooks:
@@ -222,26 +219,11 @@ class ASSpeedTrainer:
         if not (self.sample_filters and self.jit_compile) or self.run_eagerly:
             super().make_train_function(force)
             return
-        # Staged: decide on the host, then run a program without
-        # conditionals around the passes (see `_Plan`).
+        # Staged: decide on the host, then run a program without the
+        # conditionals it does not need (see the module's docstring).
         out_shardings = None
         if keras.distribution.distribution() is not None:
             out_shardings = (None, self._get_state_sharding_spec())
-        decide = jax.jit(functools.partial(self._until_training, "decide"))
-        score = jax.jit(functools.partial(self._until_training, "run"))
-        finish = {
-            (train, apply): jax.jit(
-                lambda state, data, scored, train=train, apply=apply: (
-                    self._step(
-                        state, data, _Plan("given", train, scored, apply)
-                    )
-                ),
-                donate_argnums=0,
-                out_shardings=out_shardings,
-            )
-            for train in (False, True)
-            for apply in (False, True)
-        }
         index = {id(v): i for i, v in enumerate(self.non_trainable_variables)}
         counts = [
             index[id(v)]
@@ -251,13 +233,30 @@ class ASSpeedTrainer:
             )
         ]
 
+        def window_due(state):
+            """Whether the window is due once this step's batch is added."""
+            batches, steps = (int(state[1][i]) for i in counts)
+            return batches + 1 >= steps
+
+        decide = jax.jit(functools.partial(self._until_training, "decide"))
+        score = jax.jit(functools.partial(self._until_training, "run"))
+        finish = {
+            (train, due): jax.jit(
+                lambda state, data, scored, train=train, due=due: self._step(
+                    state, data, _Plan("given", train, scored), due
+                ),
+                donate_argnums=0,
+                out_shardings=out_shardings,
+            )
+            for train in (False, True)
+            for due in (False, True)
+        }
+
         def step(state, data):
             (score_due, scored), train_due = decide(state, data)
             if score_due:
                 scored, train_due = score(state, data)
-            # The window is due once this step's drawn batch is added.
-            batches, steps = (int(state[1][i]) for i in counts)
-            return finish[bool(train_due), batches + 1 >= steps](
+            return finish[bool(train_due), window_due(state)](
                 state, data, scored
             )
 
@@ -280,7 +279,10 @@ class ASSpeedTrainer:
     def train_step(self, state, data):
         return self._step(state, data, None)
 
-    def _step(self, state, data, plan):
+    def _step(self, state, data, plan, due=None):
+        """One step: `plan` says how the passes run (`_Plan`); `due`
+        whether the window may end in it, as the host read before the step
+        (`None`: not read, and so possible)."""
         trainable, non_trainable, optimizer_vars, metrics_vars = state
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         variables = self.non_trainable_variables
@@ -339,9 +341,9 @@ class ASSpeedTrainer:
         )
         window = accumulation.add(window, grads, rows, masked)
 
-        # A staged step that the host knows ends no window has no
-        # conditional: its untaken branch would copy every operand.
-        if plan is None or plan.apply:
+        # A step that the host knows ends no window has no conditional:
+        # its untaken branch would copy every operand.
+        if due is not False:
             trainable, optimizer_vars, window = jax.lax.cond(
                 accumulation.is_due(window),
                 self._finish_window,
