@@ -224,7 +224,7 @@ class ASSpeedTrainer:
         out_shardings = None
         if keras.distribution.distribution() is not None:
             out_shardings = (None, self._get_state_sharding_spec())
-        index = {id(v): i for i, v in enumerate(self.non_trainable_variables)}
+        index = self._non_trainable_index()
         counts = [
             index[id(v)]
             for v in (
@@ -279,6 +279,10 @@ class ASSpeedTrainer:
     def train_step(self, state, data):
         return self._step(state, data, None)
 
+    def _non_trainable_index(self):
+        """`{id(variable): position}` in the state's non-trainable values."""
+        return {id(v): i for i, v in enumerate(self.non_trainable_variables)}
+
     def _step(self, state, data, plan, due=None):
         """One step: `plan` says how the passes run (`_Plan`); `due`
         whether the window may end in it, as the host read before the step
@@ -286,7 +290,7 @@ class ASSpeedTrainer:
         trainable, non_trainable, optimizer_vars, metrics_vars = state
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         variables = self.non_trainable_variables
-        index = {id(v): i for i, v in enumerate(variables)}
+        index = self._non_trainable_index()
         non_trainable = list(non_trainable)
 
         if self.sample_filters:
