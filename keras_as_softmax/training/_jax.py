@@ -11,13 +11,13 @@ the queues whether a pass runs, and calls a program compiled for that
 decision, in which the passes are straight-line code (`_Plan`). With the
 training pass inside `jax.lax.cond`, a filtered step with nothing to skip
 cost 1.77x a plain one on XLA:CPU; staged, 1.05x
-(`benchmarks/jax_filter_cost.py`). The end of a window is staged too:
-the host reads whether the window is due and calls the program with or
-without the conditional around it. A `jax.lax.cond` returns fresh
-buffers, so its untaken branch copied the weights, AdamW's moments and the
-window's sums on every step that ended no window: 42.8 ms of a MiniLM step
-that trains nothing, against 2.8 ms without it
-(`benchmarks/jax_stage_cost.py`).
+(`benchmarks/jax_filter_cost.py`). The end of a window is its own
+program, which the host calls when it reads that the window is due: a
+`jax.lax.cond` returns fresh buffers, so its untaken branch copied the
+weights, AdamW's moments and the window's sums on every step that ended
+no window (42.8 ms of a MiniLM step that trains nothing, against 2.8 ms
+without it, `benchmarks/jax_stage_cost.py`), and a program of its own
+leaves one program, not two, holding the training pass to compile.
 """
 
 import functools
@@ -241,24 +241,29 @@ class ASSpeedTrainer:
         decide = jax.jit(functools.partial(self._until_training, "decide"))
         score = jax.jit(functools.partial(self._until_training, "run"))
         finish = {
-            (train, due): jax.jit(
-                lambda state, data, scored, train=train, due=due: self._step(
-                    state, data, _Plan("given", train, scored), due
+            train: jax.jit(
+                lambda state, data, scored, train=train: self._step(
+                    state, data, _Plan("given", train, scored), False
                 ),
                 donate_argnums=0,
                 out_shardings=out_shardings,
             )
             for train in (False, True)
-            for due in (False, True)
         }
+        end_window = jax.jit(
+            self._end_window, donate_argnums=0, out_shardings=out_shardings
+        )
 
         def step(state, data):
             (score_due, scored), train_due = decide(state, data)
             if score_due:
                 scored, train_due = score(state, data)
-            return finish[bool(train_due), window_due(state)](
-                state, data, scored
-            )
+            due = window_due(state)
+            logs, state = finish[bool(train_due)](state, data, scored)
+            if due:
+                window_logs, state = end_window(state)
+                logs = {**logs, **window_logs}
+            return logs, state
 
         self.train_function = self._make_function(step)
 
@@ -283,10 +288,11 @@ class ASSpeedTrainer:
         """`{id(variable): position}` in the state's non-trainable values."""
         return {id(v): i for i, v in enumerate(self.non_trainable_variables)}
 
-    def _step(self, state, data, plan, due=None):
-        """One step: `plan` says how the passes run (`_Plan`); `due`
-        whether the window may end in it, as the host read before the step
-        (`None`: not read, and so possible)."""
+    def _step(self, state, data, plan, end_window=True):
+        """One step: `plan` says how the passes run (`_Plan`);
+        `end_window` whether the step may end the window (in
+        `jax.lax.cond`). The staged step leaves the end of a window to its
+        own program (`_end_window`)."""
         trainable, non_trainable, optimizer_vars, metrics_vars = state
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         variables = self.non_trainable_variables
@@ -336,28 +342,17 @@ class ASSpeedTrainer:
 
         drawn = index[id(self._drawn)]
         non_trainable[drawn] = non_trainable[drawn] + 1
-        window_variables = keras.tree.flatten(tuple(self._accumulation))
-        window = accumulation.AccumulationState(
-            *keras.tree.pack_sequence_as(
-                tuple(self._accumulation),
-                [non_trainable[index[id(v)]] for v in window_variables],
-            )
+        window = accumulation.add(
+            self._window(non_trainable), grads, rows, masked
         )
-        window = accumulation.add(window, grads, rows, masked)
-
-        # A step that the host knows ends no window has no conditional:
-        # its untaken branch would copy every operand.
-        if due is not False:
+        if end_window:
             trainable, optimizer_vars, window = jax.lax.cond(
                 accumulation.is_due(window),
                 self._finish_window,
                 lambda operands: operands,
                 (list(trainable), list(optimizer_vars), window),
             )
-        for v, value in zip(
-            window_variables, keras.tree.flatten(tuple(window))
-        ):
-            non_trainable[index[id(v)]] = value
+        self._set_window(non_trainable, window)
 
         metrics_mapping = list(zip(self.metrics_variables, metrics_vars))
         with keras.StatelessScope(state_mapping=metrics_mapping) as scope:
@@ -375,6 +370,49 @@ class ASSpeedTrainer:
         ]
         logs["accum_steps"] = window.steps
         return logs, (trainable, non_trainable, optimizer_vars, metrics_vars)
+
+    def _window(self, non_trainable):
+        """The accumulation window's state in the non-trainable values."""
+        index = self._non_trainable_index()
+        return accumulation.AccumulationState(
+            *keras.tree.pack_sequence_as(
+                tuple(self._accumulation),
+                [
+                    non_trainable[index[id(v)]]
+                    for v in keras.tree.flatten(tuple(self._accumulation))
+                ],
+            )
+        )
+
+    def _set_window(self, non_trainable, window):
+        """Writes `window` into the list of non-trainable values."""
+        index = self._non_trainable_index()
+        for v, value in zip(
+            keras.tree.flatten(tuple(self._accumulation)),
+            keras.tree.flatten(tuple(window)),
+        ):
+            non_trainable[index[id(v)]] = value
+
+    def _end_window(self, state):
+        """The staged step's end of a window, run when the host knows it
+        is due: `(logs, state)`. Its own program, so that the training
+        pass compiles once, and no step that ends no window carries a
+        conditional (whose untaken branch would copy every operand)."""
+        trainable, non_trainable, optimizer_vars, metrics_vars = state
+        non_trainable = list(non_trainable)
+        sums = self._window(non_trainable).grad_sum
+        trainable, optimizer_vars, window = self._finish_window(
+            (list(trainable), list(optimizer_vars), self._window(non_trainable))
+        )
+        # The sums reset by a value XLA cannot fold into a constant: from a
+        # constant, XLA:CPU copies the old sums and then the zeros into the
+        # donated buffers (a window end of 16 ms on the 4.7M weights of the
+        # MLP in `tests/test_filters.py`; 3 ms so).
+        zeros = [keras.ops.where(keras.ops.isfinite(s), s * 0, 0) for s in sums]
+        window = window._replace(grad_sum=zeros)
+        self._set_window(non_trainable, window)
+        state = (trainable, non_trainable, optimizer_vars, metrics_vars)
+        return {"accum_steps": window.steps}, state
 
     def _finish_window(self, operands):
         """The end of a window: `(trainable, optimizer_vars, window)` after
