@@ -111,7 +111,9 @@ def stage_part(train_size, epochs):
                 (train,) = fn.__defaults__
                 name = f"finish, {'' if train else 'no '}training pass"
             elif name is None:
-                name = "end of window"
+                name = {"zeros": "reset of the sums"}.get(
+                    fn.__name__, "end of window"
+                )
 
             def timed(*args):
                 start = time.perf_counter()

@@ -221,10 +221,12 @@ class ASSpeedTrainer:
             return
         # Staged: decide on the host, then run a program without the
         # conditionals it does not need (see the module's docstring).
-        out_shardings = None
+        out_shardings = sum_shardings = None
+        index = self._non_trainable_index()
+        sum_positions = [index[id(v)] for v in self._accumulation.grad_sum]
         if keras.distribution.distribution() is not None:
             out_shardings = (None, self._get_state_sharding_spec())
-        index = self._non_trainable_index()
+            sum_shardings = [out_shardings[1][1][i] for i in sum_positions]
         counts = [
             index[id(v)]
             for v in (
@@ -254,6 +256,16 @@ class ASSpeedTrainer:
             self._end_window, donate_argnums=0, out_shardings=out_shardings
         )
 
+        # The sums' reset in a program of its own: in the program that
+        # reads them, XLA:CPU writes the zeros through copies of the sums
+        # (`benchmarks/window_reset_cost.py`).
+        def zeros(sums):
+            return [keras.ops.zeros_like(s) for s in sums]
+
+        reset_sums = jax.jit(
+            zeros, donate_argnums=0, out_shardings=sum_shardings
+        )
+
         def step(state, data):
             (score_due, scored), train_due = decide(state, data)
             if score_due:
@@ -263,6 +275,12 @@ class ASSpeedTrainer:
             if due:
                 window_logs, state = end_window(state)
                 logs = {**logs, **window_logs}
+                trainable, non_trainable, *rest = state
+                non_trainable = list(non_trainable)
+                sums = reset_sums([non_trainable[i] for i in sum_positions])
+                for i, value in zip(sum_positions, sums):
+                    non_trainable[i] = value
+                state = (trainable, non_trainable, *rest)
             return logs, state
 
         self.train_function = self._make_function(step)
@@ -395,24 +413,20 @@ class ASSpeedTrainer:
 
     def _end_window(self, state):
         """The staged step's end of a window, run when the host knows it
-        is due: `(logs, state)`. Its own program, so that the training
-        pass compiles once, and no step that ends no window carries a
+        is due: `(logs, state)`, the window's sums left as they were (the
+        step resets them next). Its own program, so that the training pass
+        compiles once, and no step that ends no window carries a
         conditional (whose untaken branch would copy every operand)."""
         trainable, non_trainable, optimizer_vars, metrics_vars = state
         non_trainable = list(non_trainable)
-        sums = self._window(non_trainable).grad_sum
-        trainable, optimizer_vars, window = self._finish_window(
-            (list(trainable), list(optimizer_vars), self._window(non_trainable))
+        window = self._window(non_trainable)
+        trainable, optimizer_vars, fresh = self._finish_window(
+            (list(trainable), list(optimizer_vars), window)
         )
-        # The sums reset by a value XLA cannot fold into a constant: from a
-        # constant, XLA:CPU copies the old sums and then the zeros into the
-        # donated buffers (a window end of 16 ms on the 4.7M weights of the
-        # MLP in `tests/test_filters.py`; 3 ms so).
-        zeros = [keras.ops.where(keras.ops.isfinite(s), s * 0, 0) for s in sums]
-        window = window._replace(grad_sum=zeros)
-        self._set_window(non_trainable, window)
+        fresh = fresh._replace(grad_sum=window.grad_sum)
+        self._set_window(non_trainable, fresh)
         state = (trainable, non_trainable, optimizer_vars, metrics_vars)
-        return {"accum_steps": window.steps}, state
+        return {"accum_steps": fresh.steps}, state
 
     def _finish_window(self, operands):
         """The end of a window: `(trainable, optimizer_vars, window)` after

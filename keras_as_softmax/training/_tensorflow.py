@@ -1,5 +1,7 @@
 """ASSpeed's trainer on TensorFlow (eager, graph, XLA, tf.distribute)."""
 
+import functools
+
 import keras
 import tensorflow as tf
 
@@ -299,20 +301,23 @@ class ASSpeedTrainer:
 
     def _finish_window_if_due(self, state, replicas, context):
         variables = self.trainable_variables
+        window = self._accumulation
 
-        def apply_window():
+        def apply_window(reset_sums=True):
             # The optimizer sums gradients over replicas again: pre-divide.
             current = accumulation.AccumulationState(
-                *keras.tree.map_structure(
-                    lambda v: v.value, tuple(self._accumulation)
-                )
+                *keras.tree.map_structure(lambda v: v.value, tuple(window))
             )
             mean_grads, fresh = accumulation.finish_window(
                 current, self.lam, self.max_steps, divisor=replicas
             )
             self.optimizer.apply(mean_grads, variables)
+            targets = window
+            if not reset_sums:
+                targets = window._replace(grad_sum=[])
+                fresh = fresh._replace(grad_sum=[])
             for variable, value in zip(
-                keras.tree.flatten(tuple(self._accumulation)),
+                keras.tree.flatten(tuple(targets)),
                 keras.tree.flatten(tuple(fresh)),
             ):
                 variable.assign(value)
@@ -334,11 +339,24 @@ class ASSpeedTrainer:
 
             context.merge_call(cross_replica, args=(due,))
         else:
+            end_window = apply_window
             if self._passes_jit_compile:
                 # The graph step's update as a third XLA function: as graph
                 # ops, AdamW's update made an unfiltered epoch 4% slower.
-                apply_window = tf.function(apply_window, jit_compile=True)
-            tf.cond(due, apply_window, lambda: None)
+                # The sums are reset after it, as graph ops: XLA:CPU writes
+                # zeros into a variable through copies of it
+                # (`benchmarks/window_reset_cost.py`).
+                update = tf.function(
+                    functools.partial(apply_window, reset_sums=False),
+                    jit_compile=True,
+                )
+
+                def end_window():
+                    update()
+                    for variable in window.grad_sum:
+                        variable.assign(tf.zeros_like(variable))
+
+            tf.cond(due, end_window, lambda: None)
 
     def test_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
