@@ -138,22 +138,25 @@ def main(argv=None):
     args = parser.parse_args(argv)
     backend = keras.backend.backend()
     make = jax_variants if backend == "jax" else tensorflow_variants
+
+    def adamw():
+        return keras.optimizers.AdamW(1e-5)
+
+    def sgd():
+        return keras.optimizers.SGD(0.0)
+
     if args.quick:
-        states, rounds = {"tiny, SGD": ([(8, 4), (4,)], "sgd")}, 2
+        states, rounds = {"tiny, SGD": ([(8, 4), (4,)], sgd)}, 2
     else:
         states, rounds = (
             {
-                "MiniLM + head, AdamW": (minilm_shapes(), "adamw"),
-                "the MLP, SGD": (MLP, "sgd"),
+                "MiniLM + head, AdamW": (minilm_shapes(), adamw),
+                "the MLP, SGD": (MLP, sgd),
             },
             15,
         )
     for label, (shapes, optimizer) in states.items():
-        optimizer = {
-            "adamw": lambda: keras.optimizers.AdamW(1e-5),
-            "sgd": lambda: keras.optimizers.SGD(0.0),
-        }[optimizer]()
-        variants = make(*state(shapes, optimizer))
+        variants = make(*state(shapes, optimizer()))
         times = {name: [] for name in variants}
         for fn in variants.values():
             fn()

@@ -262,9 +262,17 @@ class ASSpeedTrainer:
         def zeros(sums):
             return [keras.ops.zeros_like(s) for s in sums]
 
-        reset_sums = jax.jit(
+        zero_sums = jax.jit(
             zeros, donate_argnums=0, out_shardings=sum_shardings
         )
+
+        def reset_sums(state):
+            trainable, non_trainable, *rest = state
+            non_trainable = list(non_trainable)
+            sums = zero_sums([non_trainable[i] for i in sum_positions])
+            for i, value in zip(sum_positions, sums):
+                non_trainable[i] = value
+            return (trainable, non_trainable, *rest)
 
         def step(state, data):
             (score_due, scored), train_due = decide(state, data)
@@ -274,13 +282,7 @@ class ASSpeedTrainer:
             logs, state = finish[bool(train_due)](state, data, scored)
             if due:
                 window_logs, state = end_window(state)
-                logs = {**logs, **window_logs}
-                trainable, non_trainable, *rest = state
-                non_trainable = list(non_trainable)
-                sums = reset_sums([non_trainable[i] for i in sum_positions])
-                for i, value in zip(sum_positions, sums):
-                    non_trainable[i] = value
-                state = (trainable, non_trainable, *rest)
+                logs, state = {**logs, **window_logs}, reset_sums(state)
             return logs, state
 
         self.train_function = self._make_function(step)
