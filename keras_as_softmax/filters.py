@@ -93,10 +93,12 @@ class SkipMasked(SampleFilter):
     more than `b / c` of the samples are masked (about a third when a
     training pass costs three forward passes). By default `fit` measures
     it: it times every step, fits step time as `a + b * scored + c *
-    trained` over the steps seen so far, and from the next epoch on scores
-    from the measured `b / c`. Until both kinds of step have been timed it
-    scores from a masked share of 0.5 (`MEASURED_START`), which leaves a
-    margin. The measured value is a weight of `ASSpeed`
+    trained` over the steps seen so far, and scores from the measured
+    `b / c` as soon as both kinds of step have been timed often enough,
+    refitted every few steps. Until then it scores from a masked share of
+    a third (`MEASURED_START`), the break-even of a scoring pass in
+    training mode when the backward pass costs two forward passes. The
+    measured value is a weight of `ASSpeed`
     (`min_masked_ratio`), saved with the model. Measuring syncs the
     device once per step, to read the step's time.
 
@@ -133,8 +135,9 @@ class SkipMasked(SampleFilter):
 
     needs_sample_ids = False
     scores = True
-    # The masked share scoring starts from until the break-even is measured.
-    MEASURED_START = 0.5
+    # The masked share scoring starts from until the break-even is measured:
+    # a forward pass against a training pass of three.
+    MEASURED_START = 1 / 3
 
     def __init__(
         self,

@@ -298,15 +298,19 @@ def test_break_even_share_is_the_scoring_pass_over_the_training_pass():
     assert _break_even.break_even_share(*never_scored) is None
 
 
-def test_break_even_meter_sets_the_weight_at_the_next_epoch(monkeypatch):
+def test_break_even_meter_sets_the_weight_once_measured_then_refits(
+    monkeypatch,
+):
     rng = np.random.default_rng(1)
-    seconds, _, scored, trained = timed_steps(rng, 101)
-    clock = iter(np.stack([np.zeros(101), seconds], 1).ravel())
+    n = 101
+    seconds, _, scored, trained = timed_steps(rng, n)
+    clock = iter(np.stack([np.zeros(n), seconds], 1).ravel())
     monkeypatch.setattr(_break_even.time, "perf_counter", lambda: next(clock))
     variable = keras.Variable(0.5)
     meter = _break_even.BreakEvenMeter(variable)
     meter.on_epoch_begin(0)
-    for step in range(101):
+    written = []  # (step, value) at each change of the weight
+    for step in range(n):
         meter.on_train_batch_begin(step)
         meter.on_train_batch_end(
             step,
@@ -315,14 +319,66 @@ def test_break_even_meter_sets_the_weight_at_the_next_epoch(monkeypatch):
                 "trained_fraction": trained[: step + 1].mean(),
             },
         )
-    assert float(variable.numpy()) == 0.5  # measured from the next epoch
-    meter.on_epoch_begin(1)
-    # The first step of an epoch is left out.
-    expected = _break_even.break_even_share(
-        seconds[1:], np.ones(100), scored[1:], trained[1:]
+        value = float(variable.numpy())
+        if value != (written[-1][1] if written else 0.5):
+            written.append((step, value))
+
+    def measured(steps):
+        # The first step of an epoch is left out.
+        return _break_even.break_even_share(
+            seconds[1 : steps + 1],
+            np.ones(steps),
+            scored[1 : steps + 1],
+            trained[1 : steps + 1],
+        )
+
+    # Written at the first step the timings can tell, within the epoch.
+    first = next(s for s in range(1, n) if measured(s) is not None)
+    assert written[0] == (first, pytest.approx(measured(first)))
+    # Then refitted every REFIT_EVERY timed steps.
+    for step, value in written[1:]:
+        assert (step - first) % _break_even.REFIT_EVERY == 0
+        assert value == pytest.approx(measured(step))
+    assert len(written) >= 2
+    assert float(variable.numpy()) == pytest.approx(1 / 3, abs=0.03)
+
+
+class _WriteAt(keras.callbacks.Callback):
+    """Writes `value` to the model's break-even weight after batch `at`,
+    as `BreakEvenMeter` does, and keeps each batch's logs."""
+
+    def __init__(self, at, value):
+        super().__init__()
+        self.at, self.value, self.logs = at, value, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.logs.append({k: float(v) for k, v in logs.items()})
+        if batch == self.at:
+            self.model._min_masked_ratio.assign(self.value)
+
+
+def test_a_break_even_written_mid_epoch_reaches_the_next_step():
+    # Every sample is masked, but the moving masked share stays below 1
+    # (it starts at 0): nothing is scored until the callback writes 0
+    # after the fourth step (on JAX, `fit` holds the weights in its own
+    # state within an epoch).
+    y = np.arange(64) % NUM_CLASSES
+    x = 8.0 * np.eye(NUM_CLASSES, dtype="float32")[y]
+    wrapped = kas.ASSpeed(
+        identity_model(),
+        sample_filter=filters.SkipMasked(1.0, warmup_epochs=0),
     )
-    assert expected == pytest.approx(1 / 3, abs=0.03)
-    assert float(variable.numpy()) == pytest.approx(expected)
+    wrapped.compile(
+        optimizer=keras.optimizers.SGD(0.0),
+        loss=kas.ASSoftmaxLoss(0.3),
+        jit_compile=JIT[0],
+    )
+    writer = _WriteAt(3, 0.0)
+    wrapped.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[writer])
+    scored = [
+        logs["scored_fraction"] * (i + 1) for i, logs in enumerate(writer.logs)
+    ]
+    assert np.round(scored).tolist() == [0] * 4 + list(range(1, 13))
 
 
 def identity_model():
@@ -462,7 +518,8 @@ def test_low_masked_share_takes_plain_steps():
     logs = wrapped.fit(x, y, batch_size=4, epochs=2, verbose=0).history
     # No scoring pass, and one training pass per drawn batch, as a plain step.
     assert logs["trained_fraction"] == [1.0, 1.0]
-    assert float(ops.convert_to_numpy(wrapped._masked_share)) < 0.5
+    start = filters.SkipMasked.MEASURED_START
+    assert float(ops.convert_to_numpy(wrapped._masked_share)) < start
 
 
 @pytest.mark.parametrize("jit_compile", JIT)

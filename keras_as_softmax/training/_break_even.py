@@ -5,8 +5,9 @@ avoids saves `c`. With a share `m` of the scored samples masked, scoring
 saves `m` training passes per scored batch, so it pays once `m > b / c`.
 `BreakEvenMeter` times every step, reads from the logs whether it scored
 and trained, fits `seconds = a * steps + b * scored + c * trained` over the
-steps seen so far, and at each epoch's start sets `ASSpeed`'s
-`min_masked_ratio` weight to `b / c`.
+steps seen so far, and sets `ASSpeed`'s `min_masked_ratio` weight to
+`b / c` as soon as the timings can tell, then every `REFIT_EVERY` steps
+and at each epoch's start.
 """
 
 import time
@@ -19,6 +20,8 @@ SHARE_RANGE = (0.05, 0.95)
 # Timed steps needed on each side of each flag (scored or not, trained
 # or not) before a measurement counts.
 MIN_STEPS = 8
+# Timed steps between two fits within an epoch.
+REFIT_EVERY = 16
 
 
 def break_even_share(seconds, steps, scored, trained):
@@ -59,7 +62,9 @@ def break_even_share(seconds, steps, scored, trained):
 
 class BreakEvenMeter(keras.callbacks.Callback):
     """Times `fit`'s steps and sets the `min_masked_ratio` weight to the
-    measured break-even at each epoch's start (see `break_even_share`).
+    measured break-even (see `break_even_share`): as soon as it can be
+    measured, then every `REFIT_EVERY` timed steps and at each epoch's
+    start.
 
     Reads the cumulative `scored_fraction` and `trained_fraction` logs, so
     the logs are synced once per step. The first call of each epoch
@@ -72,12 +77,11 @@ class BreakEvenMeter(keras.callbacks.Callback):
         self.timings = []  # (seconds, steps, scored, trained) per call
         self._start = None
         self._previous = (0, 0.0, 0.0)
+        self._fitted = 0  # len(self.timings) at the last fit
+        self._assigned = None  # the share last written
 
     def on_epoch_begin(self, epoch, logs=None):
-        if self.timings:
-            share = break_even_share(*np.transpose(self.timings))
-            if share is not None:
-                self.variable.assign(share)
+        self._refit()
         self._previous = (0, 0.0, 0.0)
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -100,3 +104,22 @@ class BreakEvenMeter(keras.callbacks.Callback):
                 round(trained - trained_before),
             )
         )
+        if not self._fitted or len(self.timings) - self._fitted >= REFIT_EVERY:
+            self._refit()
+
+    def _refit(self):
+        if len(self.timings) == self._fitted:
+            return
+        share = break_even_share(*np.transpose(self.timings))
+        if share is None:
+            return
+        self._fitted = len(self.timings)
+        if self._assigned is not None and abs(share - self._assigned) < 1e-3:
+            return
+        self._assigned = share
+        # On JAX, `fit` holds the weights' values in its own state during
+        # an epoch: reading `self.model` writes them back to the variables,
+        # and the next step reads them again, this one's new value with
+        # them.
+        _ = self.model
+        self.variable.assign(share)
