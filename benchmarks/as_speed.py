@@ -144,6 +144,13 @@ def parse_method(spec):
     return name, run_settings, filter_options
 
 
+def per_epoch(name, values):
+    """`"name/epoch [..] "` to two places, or `""` without values."""
+    if not values:
+        return ""
+    return f"{name}/epoch {[round(v, 2) for v in values]} "
+
+
 def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
@@ -215,6 +222,8 @@ def main(argv=None):
                 f"{accum} "
                 f"batches/epoch {r.batches_per_epoch} "
                 f"s/epoch {[round(t, 1) for t in r.epoch_times]} "
+                f"{per_epoch('trained', r.trained_fraction)}"
+                f"{per_epoch('break-even', r.break_even)}"
                 f"{slowest}"
                 f"[{time.perf_counter() - t:.0f}s]",
                 flush=True,
