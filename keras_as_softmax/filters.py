@@ -21,7 +21,7 @@ each batch that `fit` draws, which samples go on to a training pass:
   SkipMasked()])`. The samples the first keeps are scored by the second.
   With `SkipMasked(score_training=False, score_margin=0.1)` there, the
   pair trained fastest at no more accuracy cost than the defaults on
-  MiniLM (2.14x faster than softmax on TensorFlow, 2.06x on JAX;
+  MiniLM (2.22x faster than softmax on TensorFlow, 2.06x on JAX;
   `benchmarks/RESULTS.md`).
 
 The samples a filter keeps are queued in fixed-size buffers, and a
