@@ -24,6 +24,19 @@ MIN_STEPS = 8
 REFIT_EVERY = 16
 
 
+def _sides(steps, scored, trained):
+    """How many calls fall on each side of each flag: scored or not,
+    trained or not (arrays of calls, or one call's scalars)."""
+    return np.array(
+        [
+            np.sum(scored > 0),
+            np.sum(scored < steps),
+            np.sum(trained > 0),
+            np.sum(trained < steps),
+        ]
+    )
+
+
 def break_even_share(seconds, steps, scored, trained):
     """The masked share from which scoring pays, from timed steps.
 
@@ -44,10 +57,8 @@ def break_even_share(seconds, steps, scored, trained):
     seconds, steps, scored, trained = (
         np.asarray(v, "float64") for v in (seconds, steps, scored, trained)
     )
-    for flag in (scored, trained):
-        some = np.sum(flag > 0)
-        if min(some, np.sum(flag < steps)) < MIN_STEPS:
-            return None
+    if _sides(steps, scored, trained).min() < MIN_STEPS:
+        return None
     design = np.stack([steps, scored, trained], axis=1)
     coefficients = np.linalg.lstsq(design, seconds, rcond=None)[0]
     residual = seconds - design @ coefficients
@@ -77,7 +88,8 @@ class BreakEvenMeter(keras.callbacks.Callback):
         self.timings = []  # (seconds, steps, scored, trained) per call
         self._start = None
         self._previous = (0, 0.0, 0.0)
-        self._fitted = 0  # len(self.timings) at the last fit
+        self._sides = np.zeros(4, "int64")  # `_sides` of the timings
+        self._fitted = 0  # len(self.timings) at the last measurement
         self._assigned = None  # the share last written
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -96,15 +108,20 @@ class BreakEvenMeter(keras.callbacks.Callback):
         self._previous = (steps, scored, trained)
         if before == 0:
             return
-        self.timings.append(
-            (
-                seconds,
-                steps - before,
-                round(scored - scored_before),
-                round(trained - trained_before),
-            )
+        timing = (
+            seconds,
+            steps - before,
+            round(scored - scored_before),
+            round(trained - trained_before),
         )
-        if not self._fitted or len(self.timings) - self._fitted >= REFIT_EVERY:
+        self.timings.append(timing)
+        # Counted as they come, so that no step refits before the timings
+        # can tell.
+        self._sides += _sides(*timing[1:])
+        since = len(self.timings) - self._fitted
+        if self._sides.min() >= MIN_STEPS and (
+            since >= REFIT_EVERY or not self._fitted
+        ):
             self._refit()
 
     def _refit(self):
