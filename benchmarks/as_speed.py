@@ -46,7 +46,8 @@ python benchmarks/as_speed.py --methods \
 A variant's settings are `lam`, `max_steps` and `revisit`, or any
 argument of the method's filters (`anneal_fraction`, `warmup_epochs`,
 `max_skipped_fraction`, `min_masked_ratio`, `prune`, `score_margin`,
-`score_training` as `true` or `false`), for one filter
+`score_training` as `true` or `false`, `score_precision` as `bfloat16`
+(JAX)), for one filter
 alone with the prefix `last_seen.` or `skip_masked.`
 (`as_skip_hybrid/last_seen.anneal_fraction=0.125`); the variant is
 reported under its full name.
@@ -137,6 +138,8 @@ def parse_method(spec):
             value = int(value)
         elif argument == "score_training":
             value = {"true": True, "false": False}[value.lower()]
+        elif argument == "score_precision":
+            value = None if value.lower() == "none" else value
         else:
             value = float(value)
         target = run_settings if key in RUN_SETTINGS else filter_options

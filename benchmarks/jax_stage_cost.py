@@ -16,9 +16,16 @@ Two parts, each measured side by side in one process:
   of the window in a conditional in every step (as in one program), and
   the softmax step's median in the last epoch. Each fit's compile
   seconds (all its programs) are printed beside it.
+* `scoring`: the scoring pass alone, all-MiniLM-L6-v2 with the 45-class
+  head on a batch of 32 real sentences of length 32, in training and in
+  inference mode, with float32 products and with bfloat16 ones
+  (`SkipMasked(score_precision="bfloat16")`), interleaved, median of 15
+  calls each; and how far the bfloat16 logits and probabilities are from
+  float32's (inference mode, the pretrained backbone).
 
     python benchmarks/jax_stage_cost.py
     python benchmarks/jax_stage_cost.py --parts window
+    python benchmarks/jax_stage_cost.py --parts scoring
 """
 
 import argparse
@@ -176,9 +183,66 @@ def stage_part(train_size, epochs):
     )
 
 
+def scoring_part(calls=15):
+    import as_softmax_lab as lab
+    from as_softmax_lab import datasets
+
+    backbone = lab.load_backbone("offline-minilm")
+    data = datasets.load_text_classification(
+        "wordnet", max_examples={"train": 32, "validation": 32, "test": 32}
+    )
+    prepared = lab.prepare_data(data, backbone.tokenizer, 32)
+    model = lab.build_classifier("multiclass", prepared.num_classes, backbone)
+    x = prepared.train[0]
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def forward(training):
+        def call(trainable, non_trainable, x):
+            return model.stateless_call(
+                trainable, non_trainable, x, training=training
+            )[0]
+
+        return call
+
+    programs = {
+        (mode, precision): jax.jit(
+            forward(mode == "training")
+            if precision == "float32"
+            else _jax.bfloat16_matmuls(forward(mode == "training"))
+        )
+        for mode in ("training", "inference")
+        for precision in ("float32", "bfloat16")
+    }
+    outputs = {
+        key: jax.block_until_ready(program(trainable, non_trainable, x))
+        for key, program in programs.items()
+    }
+    times = collections.defaultdict(list)
+    for _ in range(calls):
+        for key, program in programs.items():
+            start = time.perf_counter()
+            jax.block_until_ready(program(trainable, non_trainable, x))
+            times[key].append(time.perf_counter() - start)
+    print("the scoring pass, MiniLM, batch 32, length 32, median ms:")
+    for (mode, precision), seconds in times.items():
+        ms = 1000 * np.median(seconds)
+        print(f"  {mode:9s} mode, {precision} products {ms:7.1f}")
+    exact, rewritten = (
+        outputs[("inference", p)] for p in ("float32", "bfloat16")
+    )
+    probabilities = [jax.nn.softmax(o) for o in (exact, rewritten)]
+    print(
+        "  inference mode, bfloat16 against float32: logits within "
+        f"{float(np.abs(exact - rewritten).max()):.2g} (largest logit "
+        f"{float(np.abs(exact).max()):.2g}), probabilities within "
+        f"{float(np.abs(probabilities[0] - probabilities[1]).max()):.2g}"
+    )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="window,stages")
+    parser.add_argument("--parts", default="window,stages,scoring")
     parser.add_argument("--train-size", type=int, default=1024)
     parser.add_argument("--epochs", type=int, default=5)
     args = parser.parse_args(argv)
@@ -187,6 +251,8 @@ def main(argv=None):
         window_part()
     if "stages" in parts:
         stage_part(args.train_size, args.epochs)
+    if "scoring" in parts:
+        scoring_part()
 
 
 if __name__ == "__main__":

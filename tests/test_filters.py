@@ -21,6 +21,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 JIT = [True, False] if BACKEND == "tensorflow" else [True]
+# `SkipMasked(score_precision=...)` values the backend runs.
+PRECISIONS = [None, "bfloat16"] if BACKEND == "jax" else [None]
 NUM_CLASSES = 4
 
 
@@ -298,6 +300,34 @@ def test_break_even_share_is_the_scoring_pass_over_the_training_pass():
     assert _break_even.break_even_share(*never_scored) is None
 
 
+def test_break_even_compares_steps_that_end_windows_as_often():
+    """As in a fit: a first epoch that never scores, a window ending at
+    every step (`k = 1`), then scored steps with `k` growing to 5. The
+    window's cost is `w` where one ends. With one intercept, the unscored
+    steps look a window dearer and the scoring pass that much cheaper;
+    with one per accumulation length, `b / c` is measured."""
+    rng = np.random.default_rng(2)
+    a, b, c, w = 0.003, 0.15, 0.53, 0.07
+    k = np.repeat([1, 1, 2, 3, 5, 5], 64)
+    scored = (np.arange(len(k)) >= 64).astype(int)
+    trained = np.where(scored > 0, rng.random(len(k)) < 0.4, 1).astype(int)
+    position = np.zeros(len(k), int)  # micro-batches into the window
+    for i in range(1, len(k)):
+        position[i] = (position[i - 1] + 1) % k[i]
+    ends = position == k - 1
+    seconds = a + b * scored + c * trained + w * ends
+    seconds = seconds + rng.normal(0, 0.005, len(k))
+    timings = (seconds, np.ones(len(k)), scored, trained)
+    share = _break_even.break_even_share(*timings, accumulation=k)
+    assert share == pytest.approx(b / c, abs=0.02)
+    assert _break_even.break_even_share(*timings) < b / c - 0.06
+    # No accumulation length with both scored and unscored steps: no
+    # measurement.
+    late = slice(128, None)
+    timings = [t[late] for t in timings]
+    assert _break_even.break_even_share(*timings, accumulation=k[late]) is None
+
+
 def test_break_even_meter_sets_the_weight_once_measured_then_refits(
     monkeypatch,
 ):
@@ -425,15 +455,25 @@ def fit_window(sample_filter, jit_compile):
     return model, history.history
 
 
+@pytest.mark.parametrize("score_precision", PRECISIONS)
 @pytest.mark.parametrize("score_training", [True, False])
 @pytest.mark.parametrize("jit_compile", JIT)
-def test_skip_masked_gives_the_plain_update(jit_compile, score_training):
+def test_skip_masked_gives_the_plain_update(
+    jit_compile, score_training, score_precision
+):
     """A window of two batches with two unmasked samples each: one training
     pass on the four, with their batches' coefficients, equals the plain
-    accumulated update (without dropout, in either scoring mode)."""
+    accumulated update (without dropout, in either scoring mode, and with
+    the scoring pass's products in bfloat16, which moves no lead here
+    across the margin)."""
     plain, plain_logs = fit_window(None, jit_compile)
     skip, skip_logs = fit_window(
-        filters.SkipMasked(0.0, warmup_epochs=0, score_training=score_training),
+        filters.SkipMasked(
+            0.0,
+            warmup_epochs=0,
+            score_training=score_training,
+            score_precision=score_precision,
+        ),
         jit_compile,
     )
     assert not np.allclose(plain.get_weights()[0], np.eye(NUM_CLASSES))
@@ -503,6 +543,38 @@ def test_score_margin_trains_the_masked_samples_within_it(
     ).history
     assert logs["trained_fraction"] == [trained]
     assert logs["masked_ratio"] == [1.0]
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="a jaxpr rewrite")
+def test_bfloat16_matmuls_computes_the_products_from_bfloat16():
+    """Products inside `jax.jit` calls and custom-derivative functions are
+    computed from bfloat16 operands, accumulated in float32; the rest
+    (here a softmax, a custom_jvp function) stays in float32."""
+    import jax
+
+    from keras_as_softmax.training._jax import bfloat16_matmuls
+
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal(s).astype("float32") for s in [(8, 64)] * 2)
+
+    def fn(x, w):
+        logits = jax.numpy.matmul(x, w.T)  # a jit-wrapped dot_general
+        return jax.nn.softmax(jax.numpy.einsum("ij,jk->ik", logits, x))
+
+    def bfloat16(a):
+        return a.astype("bfloat16").astype("float32")
+
+    def by_hand(x, w):
+        logits = bfloat16(x) @ bfloat16(w).T
+        return jax.nn.softmax(bfloat16(logits) @ bfloat16(x))
+
+    rewritten = jax.jit(bfloat16_matmuls(fn))(x, w)
+    assert rewritten.dtype == "float32"
+    np.testing.assert_allclose(rewritten, by_hand(x, w), rtol=1e-4, atol=1e-6)
+    assert np.abs(rewritten - fn(x, w)).max() > 1e-4
+    text = str(jax.make_jaxpr(bfloat16_matmuls(fn))(x, w))
+    assert text.count("preferred_element_type=float32") == 2
+    assert "bf16" in text
 
 
 def test_low_masked_share_takes_plain_steps():
@@ -865,6 +937,10 @@ def test_bad_input():
         filters.SkipMasked(score_training="no")
     with pytest.raises(ValueError, match=r"score_margin.*\[0, 1\].*1.5"):
         filters.SkipMasked(score_margin=1.5)
+    with pytest.raises(ValueError, match="score_precision.*'float16'"):
+        filters.SkipMasked(score_precision="float16")
+    config = filters.SkipMasked(score_precision="bfloat16").get_config()
+    assert filters.SkipMasked.from_config(config).score_precision == "bfloat16"
     with pytest.raises(ValueError, match="sample_filter"):
         kas.ASSpeed(small_model(), sample_filter="skip")
     with pytest.raises(ValueError, match="prune"):
@@ -891,3 +967,11 @@ def test_bad_input():
     )
     with pytest.raises(ValueError, match="reduction"):
         wrapped.fit(x, y, batch_size=8, verbose=0)
+    if BACKEND != "jax":
+        wrapped = kas.ASSpeed(
+            small_model(),
+            sample_filter=filters.SkipMasked(score_precision="bfloat16"),
+        )
+        wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
+        with pytest.raises(ValueError, match="score_precision=None.*bfloat16"):
+            wrapped.fit(x, y, batch_size=8, verbose=0)

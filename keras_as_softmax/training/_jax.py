@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import jax
 import keras
+from jax.extend import core as jax_core
 
 from keras_as_softmax import filters
 from keras_as_softmax.training import _filtering
@@ -35,6 +36,80 @@ def stateless_uniform(size, seed, counter):
     """`size` uniform draws in [0, 1), a function of `(seed, counter)`."""
     key = jax.random.fold_in(jax.random.key(seed), counter)
     return jax.random.uniform(key, (size,))
+
+
+# Primitives whose sub-jaxpr `bfloat16_matmuls` evaluates inline (a forward
+# pass needs no custom derivative rule), with the parameter that holds it.
+_CALLS = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "checkpoint": "jaxpr",
+    "remat": "jaxpr",
+}
+
+
+def bfloat16_matmuls(fn):
+    """`fn` with its float32 matrix products computed from bfloat16 operands
+    and accumulated in float32, and everything else as it was.
+
+    `fn` is traced to a jaxpr, which is evaluated with every float32
+    `dot_general` (matmul, einsum, attention) replaced, inside `jax.jit`
+    calls and custom-derivative functions too (not inside control flow).
+    XLA:CPU ignores `jax.default_matmul_precision`, so the operands are
+    cast. For a forward pass only: custom derivative rules are dropped.
+    """
+
+    def wrapped(*args):
+        closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+        outputs = _eval_bfloat16(
+            closed.jaxpr, closed.consts, jax.tree.leaves(args)
+        )
+        return jax.tree.unflatten(jax.tree.structure(shape), outputs)
+
+    return wrapped
+
+
+def _eval_bfloat16(jaxpr, consts, args):
+    env = {}
+
+    def read(v):
+        return v.val if isinstance(v, jax_core.Literal) else env[v]
+
+    env.update(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    float32 = jax.numpy.float32
+    for eqn in jaxpr.eqns:
+        values = [read(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        if name == "dot_general" and all(v.dtype == float32 for v in values):
+            a, b = (v.astype(jax.numpy.bfloat16) for v in values)
+            outputs = [
+                jax.lax.dot_general(
+                    a,
+                    b,
+                    eqn.params["dimension_numbers"],
+                    preferred_element_type=float32,
+                )
+            ]
+        elif name in _CALLS:
+            sub = eqn.params[_CALLS[name]]
+            sub_consts = getattr(sub, "consts", ())
+            sub = getattr(sub, "jaxpr", sub)
+            outputs = _eval_bfloat16(sub, sub_consts, values)
+        else:
+            with eqn.ctx.manager:
+                outputs = eqn.primitive.bind(
+                    *values, **eqn.primitive.get_bind_params(eqn.params)
+                )
+            if not eqn.primitive.multiple_results:
+                outputs = [outputs]
+        env.update(zip(eqn.outvars, outputs))
+    return [read(v) for v in jaxpr.outvars]
 
 
 class _Stop(Exception):
@@ -168,15 +243,23 @@ class _Hooks:
 
     def score(self, state, x):
         """A forward pass in training mode (in inference mode with
-        `SkipMasked(score_training=False)`); only dropout's seed state
-        advances (moving statistics stay as they were)."""
+        `SkipMasked(score_training=False)`, its products in bfloat16 with
+        `score_precision="bfloat16"`); only dropout's seed state advances
+        (moving statistics stay as they were)."""
         model = self.model
-        y_pred, updated = model.stateless_call(
-            self.trainable,
-            self._full(state),
-            x,
-            training=model._filter_pair[1].score_training,
-        )
+        skip_masked = model._filter_pair[1]
+
+        def forward(trainable, non_trainable, x):
+            return model.stateless_call(
+                trainable,
+                non_trainable,
+                x,
+                training=skip_masked.score_training,
+            )
+
+        if skip_masked.score_precision == "bfloat16":
+            forward = bfloat16_matmuls(forward)
+        y_pred, updated = forward(self.trainable, self._full(state), x)
         state = [
             new if keep else old
             for new, old, keep in zip(
