@@ -8,7 +8,9 @@ each batch that `fit` draws, which samples go on to a training pass:
   keeps the samples that are not masked now. Exact: the masked samples'
   gradient is 0 (up to dropout, which draws anew in the training pass).
   With `score_training=False` it scores in inference mode: cheaper, and
-  no longer exact where dropout would unmask a sample.
+  no longer exact where dropout would unmask a sample. With
+  `score_precision="bfloat16"` (JAX) its matrix products take bfloat16
+  operands: 1.8-1.9x faster than softmax on MiniLM, against 1.6x.
 * `SkipMaskedLastSeen` leaves out, without any pass, the samples that were
   masked when last seen, revisiting each with probability `revisit` and
   weighting it `1 / revisit` so that the expected gradient is the full one
