@@ -39,7 +39,8 @@ def stateless_uniform(size, seed, counter):
 
 
 # Primitives whose sub-jaxpr `bfloat16_matmuls` evaluates inline (a forward
-# pass needs no custom derivative rule), with the parameter that holds it.
+# pass needs no custom derivative rule), with the parameter that holds it;
+# one without it is bound as it is.
 _CALLS = {
     "jit": "jaxpr",
     "pjit": "jaxpr",
@@ -96,7 +97,7 @@ def _eval_bfloat16(jaxpr, consts, args):
                     preferred_element_type=float32,
                 )
             ]
-        elif name in _CALLS:
+        elif eqn.params.get(_CALLS.get(name)) is not None:
             sub = eqn.params[_CALLS[name]]
             sub_consts = getattr(sub, "consts", ())
             sub = getattr(sub, "jaxpr", sub)

@@ -445,16 +445,14 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 f"reduction to be one of {_FILTER_REDUCTIONS}. Received: "
                 f"reduction={loss.reduction!r}"
             )
-        skip_masked = self._filter_pair[1]
-        if skip_masked is not None and skip_masked.score_precision is not None:
-            if _BACKEND != "jax":
-                raise ValueError(
-                    "SkipMasked(score_precision='bfloat16') rewrites the "
-                    "scoring pass's matrix products on the jax backend. "
-                    "Expected score_precision=None on the "
-                    f"{_BACKEND!r} backend. Received: "
-                    f"score_precision={skip_masked.score_precision!r}"
-                )
+        precision = getattr(self._filter_pair[1], "score_precision", None)
+        if precision is not None and _BACKEND != "jax":
+            raise ValueError(
+                "SkipMasked(score_precision='bfloat16') rewrites the scoring "
+                "pass's matrix products on the jax backend. Expected "
+                f"score_precision=None on the {_BACKEND!r} backend. "
+                f"Received: score_precision={precision!r}"
+            )
         if self.sample_filters and _BACKEND == "tensorflow":
             if is_multi_worker(self.distribute_strategy):
                 raise ValueError(
