@@ -22,10 +22,17 @@ Two parts, each measured side by side in one process:
   (`SkipMasked(score_precision="bfloat16")`), interleaved, median of 15
   calls each; and how far the bfloat16 logits and probabilities are from
   float32's (inference mode, the pretrained backbone).
+* `decisions` (run only when named): fine-tunes with AS-Softmax
+  (`--train-size` sentences, `--epochs`), then scores every training
+  sentence in training and inference mode with float32 products and with
+  bfloat16 ones, from the same weights and dropout draws, and counts the
+  sentences that one precision masks and the other does not: the
+  decisions `SkipMasked` takes from the pass.
 
     python benchmarks/jax_stage_cost.py
     python benchmarks/jax_stage_cost.py --parts window
     python benchmarks/jax_stage_cost.py --parts scoring
+    python benchmarks/jax_stage_cost.py --parts decisions --epochs 4
 """
 
 import argparse
@@ -183,6 +190,29 @@ def stage_part(train_size, epochs):
     )
 
 
+def scoring_programs(model, modes=("training", "inference")):
+    """`{(mode, precision): jitted scoring pass}`, each returning
+    `(y_pred, non-trainable values)` as `model.stateless_call` does."""
+
+    def forward(training):
+        def call(trainable, non_trainable, x):
+            return model.stateless_call(
+                trainable, non_trainable, x, training=training
+            )
+
+        return call
+
+    return {
+        (mode, precision): jax.jit(
+            forward(mode == "training")
+            if precision == "float32"
+            else _jax.bfloat16_matmuls(forward(mode == "training"))
+        )
+        for mode in modes
+        for precision in ("float32", "bfloat16")
+    }
+
+
 def scoring_part(calls=15):
     import as_softmax_lab as lab
     from as_softmax_lab import datasets
@@ -196,26 +226,9 @@ def scoring_part(calls=15):
     x = prepared.train[0]
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
-
-    def forward(training):
-        def call(trainable, non_trainable, x):
-            return model.stateless_call(
-                trainable, non_trainable, x, training=training
-            )[0]
-
-        return call
-
-    programs = {
-        (mode, precision): jax.jit(
-            forward(mode == "training")
-            if precision == "float32"
-            else _jax.bfloat16_matmuls(forward(mode == "training"))
-        )
-        for mode in ("training", "inference")
-        for precision in ("float32", "bfloat16")
-    }
+    programs = scoring_programs(model)
     outputs = {
-        key: jax.block_until_ready(program(trainable, non_trainable, x))
+        key: jax.block_until_ready(program(trainable, non_trainable, x))[0]
         for key, program in programs.items()
     }
     times = collections.defaultdict(list)
@@ -240,6 +253,75 @@ def scoring_part(calls=15):
     )
 
 
+def decision_part(train_size, epochs, batch_size=32):
+    """Whether bfloat16 products change `SkipMasked`'s decisions on a
+    trained model: fine-tunes with AS-Softmax, then scores every training
+    batch in float32 and in bfloat16 from the same weights and the same
+    dropout draws, and counts the samples masked in one and not the
+    other."""
+    import as_softmax_lab as lab
+    from as_softmax_lab import datasets
+    from keras_as_softmax.training import _filtering
+
+    backbone = lab.load_backbone("offline-minilm")
+    data = datasets.load_text_classification(
+        "wordnet",
+        max_examples={"train": train_size, "validation": 32, "test": 32},
+    )
+    prepared = lab.prepare_data(data, backbone.tokenizer, 32)
+    model = lab.run(
+        "as_softmax",
+        prepared,
+        backbone,
+        seed=0,
+        epochs=epochs,
+        verbose=0,
+        keep_model=True,
+    ).model
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+    programs = scoring_programs(model)
+    x, y = prepared.train
+    counts = collections.Counter()
+    error, largest = 0.0, 0.0
+    for start in range(0, len(y), batch_size):
+        rows = slice(start, start + batch_size)
+        batch = {name: values[rows] for name, values in x.items()}
+        for mode in ("training", "inference"):
+            exact, state = programs[mode, "float32"](
+                trainable, non_trainable, batch
+            )
+            rewritten, _ = programs[mode, "bfloat16"](
+                trainable, non_trainable, batch
+            )
+            masked = [
+                np.asarray(_filtering.row_values(model.loss, y[rows], o)) == 0
+                for o in (exact, rewritten)
+            ]
+            counts[mode, "rows"] += len(masked[0])
+            counts[mode, "masked"] += int(masked[0].sum())
+            counts[mode, "differ"] += int((masked[0] != masked[1]).sum())
+            error = max(error, float(np.abs(exact - rewritten).max()))
+            largest = max(largest, float(np.abs(exact).max()))
+        # The next batch draws new dropout masks, the same in both.
+        non_trainable = state
+    print(
+        f"SkipMasked's decisions after {epochs} epochs of AS-Softmax on "
+        f"{train_size} sentences, every training sentence scored:"
+    )
+    for mode in ("training", "inference"):
+        print(
+            f"  {mode:9s} mode: {counts[mode, 'masked']} of "
+            f"{counts[mode, 'rows']} masked with float32 products; "
+            f"bfloat16 products decide {counts[mode, 'differ']} of them "
+            "otherwise"
+        )
+    print(
+        f"  logits within {error:.2g} of float32's (largest logit "
+        f"{largest:.2g})"
+    )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="window,stages,scoring")
@@ -253,6 +335,8 @@ def main(argv=None):
         stage_part(args.train_size, args.epochs)
     if "scoring" in parts:
         scoring_part()
+    if "decisions" in parts:
+        decision_part(args.train_size, args.epochs)
 
 
 if __name__ == "__main__":

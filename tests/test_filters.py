@@ -1,5 +1,6 @@
 """Sample filters: the queue, the pipeline's bookkeeping, and training."""
 
+import sys
 import time
 import types
 
@@ -483,6 +484,17 @@ def test_skip_masked_gives_the_plain_update(
     np.testing.assert_allclose(
         skip_logs["masked_ratio"][0], plain_logs["masked_ratio"][0]
     )
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX needs no TensorFlow")
+def test_filters_on_jax_fit_arrays_without_tensorflow(monkeypatch):
+    """A machine with JAX alone (a GPU image, say) has no TensorFlow: a
+    filtered `fit` on arrays must not import it."""
+    monkeypatch.setitem(sys.modules, "tensorflow", None)
+    with pytest.raises(ImportError):
+        import tensorflow  # noqa: F401
+    _, logs = fit_window(filters.SkipMasked(0.0, warmup_epochs=0), True)
+    assert logs["trained_fraction"][0] == 0.5
 
 
 @pytest.mark.parametrize("score_training", [True, False])

@@ -157,8 +157,8 @@ class BreakEvenMeter(keras.callbacks.Callback):
         k = timing[-1]
         self._sides[k] = self._sides.get(k, 0) + _sides(*timing[1:4])
         since = len(self.timings) - self._fitted
-        if _measurable(self._sides) and (
-            since >= REFIT_EVERY or not self._fitted
+        if (since >= REFIT_EVERY or not self._fitted) and _measurable(
+            self._sides
         ):
             self._refit()
 

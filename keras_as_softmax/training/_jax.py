@@ -250,14 +250,9 @@ class _Hooks:
         model = self.model
         skip_masked = model._filter_pair[1]
 
-        def forward(trainable, non_trainable, x):
-            return model.stateless_call(
-                trainable,
-                non_trainable,
-                x,
-                training=skip_masked.score_training,
-            )
-
+        forward = functools.partial(
+            model.stateless_call, training=skip_masked.score_training
+        )
         if skip_masked.score_precision == "bfloat16":
             forward = bfloat16_matmuls(forward)
         y_pred, updated = forward(self.trainable, self._full(state), x)

@@ -1,5 +1,7 @@
 """`ASSpeed`: the model wrapper, its checks, and its state."""
 
+import sys
+
 import keras
 import numpy as np
 from keras import ops
@@ -637,9 +639,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     ):
         """Checks the data against the filters and builds their state,
         before the first batch."""
-        import tensorflow as tf
-
-        is_dataset = isinstance(x, tf.data.Dataset)
+        # A `tf.data.Dataset` exists only once TensorFlow is imported: on
+        # JAX, arrays need no TensorFlow installed.
+        tf = sys.modules.get("tensorflow")
+        is_dataset = tf is not None and isinstance(x, tf.data.Dataset)
         if is_dataset:
             first = next(iter(x.take(1)))
             first_x, first_y, first_w = keras.utils.unpack_x_y_sample_weight(
