@@ -81,20 +81,13 @@ if TF_HIDDEN:
 
 import jax  # noqa: E402
 import keras  # noqa: E402
+import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
 from keras import ops  # noqa: E402
 
 import keras_as_softmax as kas  # noqa: E402
 from keras_as_softmax import filters  # noqa: E402
 from keras_as_softmax.training import _jax  # noqa: E402
-
-try:
-    import keras_hub
-except Exception as error:  # noqa: BLE001
-    keras_hub = None
-    KERAS_HUB_ERROR = f"{type(error).__name__}: {error}"
-else:
-    KERAS_HUB_ERROR = None
 
 TF_ABSENT = TF_HIDDEN or not TF_INSTALLED
 NAMES = ("token_ids", "padding_mask", "segment_ids")
@@ -161,69 +154,22 @@ QUICK = dict(
 # ------------------------------------------------------------------ model
 
 
-class _Embeddings(keras.layers.Layer):
-    """Token, position and segment embeddings, summed and normalised."""
-
-    def __init__(self, vocabulary, max_length, hidden, dropout, **kwargs):
-        super().__init__(**kwargs)
-        self.token = keras.layers.Embedding(vocabulary, hidden)
-        self.position = keras.layers.Embedding(max_length, hidden)
-        self.segment = keras.layers.Embedding(2, hidden)
-        self.norm = keras.layers.LayerNormalization(epsilon=1e-12)
-        self.dropout = keras.layers.Dropout(dropout)
-
-    def call(self, token_ids, segment_ids, training=None):
-        positions = ops.arange(ops.shape(token_ids)[1])
-        x = (
-            self.token(token_ids)
-            + self.position(positions)[None]
-            + self.segment(segment_ids)
-        )
-        return self.dropout(self.norm(x), training=training)
-
-
-def plain_encoder(cfg, dropout=0.1):
-    """A BERT-like encoder in plain Keras (post-norm), for when keras-hub
-    cannot be imported: `{"sequence_output": ...}` from the three inputs."""
-    inputs = {
-        n: keras.Input(shape=(None,), dtype="int32", name=n) for n in NAMES
-    }
-    hidden = cfg["hidden"]
-    x = _Embeddings(cfg["vocabulary"], cfg["max_length"], hidden, dropout)(
-        inputs["token_ids"], inputs["segment_ids"]
-    )
-    mask = ops.expand_dims(ops.cast(inputs["padding_mask"], "bool"), 1)
-    for _ in range(cfg["layers"]):
-        attended = keras.layers.MultiHeadAttention(
-            cfg["heads"], hidden // cfg["heads"], dropout=dropout
-        )(x, x, attention_mask=mask)
-        attended = keras.layers.Dropout(dropout)(attended)
-        x = keras.layers.LayerNormalization(epsilon=1e-12)(x + attended)
-        h = keras.layers.Dense(cfg["intermediate"], activation="gelu")(x)
-        h = keras.layers.Dropout(dropout)(keras.layers.Dense(hidden)(h))
-        x = keras.layers.LayerNormalization(epsilon=1e-12)(x + h)
-    return keras.Model(inputs, {"sequence_output": x}, name="plain_bert")
-
-
 def build_classifier(cfg, seed=0, dropout=0.1):
     """`as_softmax_lab.build_classifier("multiclass", ...)` on a randomly
     initialised backbone of `cfg`'s shape."""
     keras.utils.set_random_seed(seed)
-    if keras_hub is not None:
-        backbone = keras_hub.models.BertBackbone(
-            vocabulary_size=cfg["vocabulary"],
-            num_layers=cfg["layers"],
-            num_heads=cfg["heads"],
-            hidden_dim=cfg["hidden"],
-            intermediate_dim=cfg["intermediate"],
-            dropout=dropout,
-            max_sequence_length=cfg["max_length"],
-        )
-        for layer in backbone.layers:
-            if layer.name == "pooled_dense":
-                layer.trainable = False
-    else:
-        backbone = plain_encoder(cfg, dropout)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=cfg["vocabulary"],
+        num_layers=cfg["layers"],
+        num_heads=cfg["heads"],
+        hidden_dim=cfg["hidden"],
+        intermediate_dim=cfg["intermediate"],
+        dropout=dropout,
+        max_sequence_length=cfg["max_length"],
+    )
+    for layer in backbone.layers:
+        if layer.name == "pooled_dense":
+            layer.trainable = False
     inputs = {
         n: keras.Input(shape=(None,), dtype="int32", name=n) for n in NAMES
     }
@@ -339,12 +285,7 @@ def env_part(cfg, quick):
     ):
         say(f"  {name:17s} {version(name)}")
     say(f"  tensorflow        installed {TF_INSTALLED}, hidden {TF_HIDDEN}")
-    backbone = (
-        "keras_hub.models.BertBackbone"
-        if keras_hub is not None
-        else f"plain-Keras BERT-like encoder (keras_hub: {KERAS_HUB_ERROR})"
-    )
-    say(f"  backbone          {backbone}, random init")
+    say("  backbone          keras_hub.models.BertBackbone, random init")
     say(
         "  sizes             "
         + ", ".join(f"{k} {v}" for k, v in cfg.items())
