@@ -83,6 +83,7 @@ import jax  # noqa: E402
 import keras  # noqa: E402
 import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
+from jax_stage_cost import scoring_programs  # noqa: E402
 from keras import ops  # noqa: E402
 
 import keras_as_softmax as kas  # noqa: E402
@@ -316,14 +317,6 @@ def scoring_part(cfg, calls):
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
 
-    def forward(training):
-        def call(trainable, non_trainable, x):
-            return model.stateless_call(
-                trainable, non_trainable, x, training=training
-            )[0]
-
-        return call
-
     def at(precision, program):
         def call(*args):
             with jax.default_matmul_precision(precision):
@@ -332,18 +325,17 @@ def scoring_part(cfg, calls):
         return call
 
     programs = {}
-    for mode in ("training", "inference"):
-        fn = forward(mode == "training")
-        programs[(mode, "float32")] = jax.jit(fn)
-        programs[(mode, "float32 highest")] = at("highest", jax.jit(fn))
-        programs[(mode, "bfloat16")] = jax.jit(_jax.bfloat16_matmuls(fn))
+    for (mode, precision), program in scoring_programs(model).items():
+        programs[mode, precision] = program
+        if precision == "float32":
+            programs[mode, "float32 highest"] = at("highest", program)
     compile_s = {}
     outputs = {}
     for key, program in programs.items():
         start = time.perf_counter()
         outputs[key] = jax.block_until_ready(
             program(trainable, non_trainable, x)
-        )
+        )[0]
         compile_s[key] = time.perf_counter() - start
         jax.block_until_ready(program(trainable, non_trainable, x))
     times = collections.defaultdict(list)
