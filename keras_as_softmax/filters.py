@@ -8,9 +8,7 @@ each batch that `fit` draws, which samples go on to a training pass:
   keeps the samples that are not masked now. Exact: the masked samples'
   gradient is 0 (up to dropout, which draws anew in the training pass).
   With `score_training=False` it scores in inference mode: cheaper, and
-  no longer exact where dropout would unmask a sample. With
-  `score_precision="bfloat16"` (JAX) its matrix products take bfloat16
-  operands: 1.8-1.9x faster than softmax on MiniLM, against 1.6x.
+  no longer exact where dropout would unmask a sample.
 * `SkipMaskedLastSeen` leaves out, without any pass, the samples that were
   masked when last seen, revisiting each with probability `revisit` and
   weighting it `1 / revisit` so that the expected gradient is the full one
@@ -21,10 +19,6 @@ each batch that `fit` draws, which samples go on to a training pass:
   the mean, for any loss.
 * Both, in that order: `ASSpeed(model, sample_filter=[SkipMaskedLastSeen(n),
   SkipMasked()])`. The samples the first keeps are scored by the second.
-  With `SkipMasked(score_training=False, score_margin=0.1)` there, the
-  pair trained fastest at no more accuracy cost than the defaults on
-  MiniLM (2.22x faster than softmax on TensorFlow, 2.06x on JAX;
-  `benchmarks/RESULTS.md`).
 
 The samples a filter keeps are queued in fixed-size buffers, and a
 training pass runs whenever a full batch of them is waiting, on exactly
@@ -87,29 +81,21 @@ class SkipMasked(SampleFilter):
     `score_training=False`); the samples with a nonzero loss are queued,
     and a training pass runs on every full batch of them.
     Scoring costs a forward pass, so it runs only while the masked share
-    of recent samples is at least `min_masked_ratio`; below it, every
-    sample goes to training as in a plain step.
+    of recent samples (an exponential moving average over batches) is at
+    least `min_masked_ratio`; below it, every sample goes to training as
+    in a plain step. The decision is taken inside the compiled step, from
+    counts the step keeps: training is deterministic for a seed.
 
     The break-even share is where scoring a batch costs what it saves: if
     a scoring pass costs `b` and a training pass `c`, scoring pays once
-    more than `b / c` of the samples are masked (about a third when a
-    training pass costs three forward passes). By default `fit` measures
-    it: it times every step, fits step time as `a_k + b * scored + c *
-    trained` over the steps seen so far (one `a_k` per accumulation
-    length, as one step in `k` ends a window), and scores from the measured
-    `b / c` as soon as both kinds of step have been timed often enough,
-    refitted every few steps. Until then it scores from a masked share of
-    a third (`MEASURED_START`), the break-even of a scoring pass in
-    training mode when the backward pass costs two forward passes. The
-    measured value is a weight of `ASSpeed`
-    (`min_masked_ratio`), saved with the model. Measuring syncs the
-    device once per step, to read the step's time.
+    more than `b / c` of the samples are masked. A training pass is a
+    forward and a backward pass, the backward about two forwards, so the
+    default is a third. A model whose backward pass is relatively dearer
+    (frozen embeddings aside, most are near 2x) breaks even earlier.
 
     Args:
-        min_masked_ratio: `None` (the default) for the measured break-even,
-            or a fixed masked share in [0, 1] of the recent samples (an
-            exponential moving average over batches) from which batches
-            are scored.
+        min_masked_ratio: the masked share in [0, 1] of the recent samples
+            from which batches are scored. Defaults to `1 / 3`.
         warmup_epochs: epochs trained on everything first. Defaults to `1`.
         anneal_fraction: fraction of the epochs, at the end, trained on
             everything. Defaults to `0.0`.
@@ -126,14 +112,6 @@ class SkipMasked(SampleFilter):
             samples in between go to training, where the training pass's
             loss decides. Masked shares and AS-Speed's counts still use
             `delta`. Defaults to `0.0`.
-        score_precision: `None` (the default) scores with the model's own
-            arithmetic. `"bfloat16"` (JAX only) computes the scoring pass's
-            matrix products from bfloat16 operands, accumulated in float32,
-            and the rest of it as the model does; the training pass is
-            unchanged. On a CPU with AVX512-BF16 it made MiniLM's scoring
-            pass about a quarter cheaper; a decision changes only where a
-            sample's lead is within bfloat16's rounding of the margin.
-            On hardware without fast bfloat16 products, leave it `None`.
 
     Example:
 
@@ -146,32 +124,23 @@ class SkipMasked(SampleFilter):
 
     needs_sample_ids = False
     scores = True
-    # The masked share scoring starts from until the break-even is measured:
-    # a forward pass against a training pass of three.
-    MEASURED_START = 1 / 3
 
     def __init__(
         self,
-        min_masked_ratio=None,
+        min_masked_ratio=1 / 3,
         warmup_epochs=1,
         anneal_fraction=0.0,
         score_training=True,
         score_margin=0.0,
-        score_precision=None,
     ):
         super().__init__(warmup_epochs, anneal_fraction)
-        if min_masked_ratio is not None:
-            min_masked_ratio = check_fraction(
-                min_masked_ratio, "min_masked_ratio"
-            )
-        self.min_masked_ratio = min_masked_ratio
+        self.min_masked_ratio = check_fraction(
+            min_masked_ratio, "min_masked_ratio"
+        )
         self.score_training = bool(
             check_one_of(score_training, "score_training", (True, False))
         )
         self.score_margin = check_fraction(score_margin, "score_margin")
-        self.score_precision = check_one_of(
-            score_precision, "score_precision", (None, "bfloat16")
-        )
 
     def get_config(self):
         return {
@@ -179,7 +148,6 @@ class SkipMasked(SampleFilter):
             **super().get_config(),
             "score_training": self.score_training,
             "score_margin": self.score_margin,
-            "score_precision": self.score_precision,
         }
 
 

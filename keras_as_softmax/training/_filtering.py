@@ -43,7 +43,6 @@ class FilterState(NamedTuple):
     train_queue: object  # RowQueue
     memory: object  # float32 [num_samples]: what the last-seen filter records
     masked_share: object  # float32 scalar, moving masked share
-    min_masked_ratio: object  # float32 scalar: SkipMasked scores from here
 
 
 class StepOutput(NamedTuple):
@@ -52,10 +51,11 @@ class StepOutput(NamedTuple):
     scored: object  # float32 scalar: 1.0 when a scoring pass ran
     rows: float  # counted rows observed this step
     masked_rows: float  # masked rows among them
-    y: object  # labels of the trained rows (for metrics)
-    y_pred: object  # predictions of the trained rows (zeros if none)
-    metric_weight: object  # per-row metric weight (0 if no pass)
-    loss: object  # the training pass's loss (0 if none)
+    y: object  # labels of the rows the metrics cover
+    y_pred: object  # their predictions (zeros if no pass ran)
+    metric_weight: object  # per-row metric weight (0 if no pass ran)
+    loss: object  # the loss of those rows (0 if no pass ran)
+    loss_weight: object  # float32 scalar: the loss's weight in the mean
 
 
 def row_flags(loss, y, values, sample_weight):
@@ -291,7 +291,7 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
     if skip_masked is not None:
         go = ops.logical_and(
             skip_masked.active(epoch, epochs),
-            state.masked_share >= state.min_masked_ratio,
+            state.masked_share >= skip_masked.min_masked_ratio,
         )
         if ready is not None:
             go = ops.logical_and(go, ready)
@@ -299,6 +299,7 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         score_y = keras.tree.pack_sequence_as(y, rows.y)
         y_pred = hooks.maybe_score(go, score_x)
         counted, masked, values = _pass_flags(loss, rows, score_y, y_pred, go)
+        scored_rows = (score_y, y_pred, rows, values)
         sample_masked = _sample_masked(counted, masked)
         skippable = sample_masked
         if skip_masked.score_margin:
@@ -365,19 +366,32 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
     n_masked = ops.sum(ops.cast(masked, "float32") * fresh)
     state = state._replace(memory=memory)
     trained = ops.cast(full, "float32")
+    metric_y, metric_pred = train_y, y_pred
+    metric_weight = rows.metric_weight * trained
+    loss_weight = trained
     if skip_masked is not None:
         state = state._replace(
             masked_share=_moving_share(state.masked_share, n_all, n_masked)
         )
+        # The logs cover what a plain step's would, the rows drawn, where a
+        # scoring pass saw them; else the rows a training pass ran on.
+        score_y, score_pred, score_rows, score_values = scored_rows
+        pick = lambda a, b: ops.where(go, a, b)  # noqa: E731
+        metric_y = keras.tree.map_structure(pick, score_y, metric_y)
+        metric_pred = pick(score_pred, metric_pred)
+        metric_weight = pick(score_rows.metric_weight, metric_weight)
+        value = pick(ops.sum(score_rows.coefficients * score_values), value)
+        loss_weight = pick(1.0, loss_weight)
     output = StepOutput(
         grads=grads,
         trained=trained,
         scored=scored,
         rows=count_all + n_all,
         masked_rows=count_masked + n_masked,
-        y=train_y,
-        y_pred=y_pred,
-        metric_weight=rows.metric_weight * trained,
+        y=metric_y,
+        y_pred=metric_pred,
+        metric_weight=metric_weight,
         loss=value,
+        loss_weight=loss_weight,
     )
     return output, state

@@ -1,13 +1,10 @@
 """ASSpeed's trainer on TensorFlow (eager, graph, XLA, tf.distribute)."""
 
-import functools
-
 import keras
 import tensorflow as tf
 
 from keras_as_softmax import filters
 from keras_as_softmax.training import _filtering
-from keras_as_softmax.training import accumulation
 
 
 def is_multi_worker(strategy):
@@ -81,14 +78,14 @@ class _Hooks:
     minutes on a CPU and runs several times slower.
     """
 
-    def __init__(self, model, context=None, grad_sums=None):
+    def __init__(self, model, context=None, accumulate=None):
         self.model = model
-        # With `grad_sums` (the window's sum variables), the branch that
-        # runs the training pass adds its gradients to them in place, so a
-        # drawn batch without a training pass moves no gradient-sized
+        # With `accumulate` (the optimizer's), the branch that runs the
+        # training pass adds its gradients to the window's sums in place, so
+        # a drawn batch without a training pass moves no gradient-sized
         # memory. The adds stay graph ops: written inside the pass's XLA
         # function, they made a step that trains 1.3x slower here.
-        self.grad_sums = grad_sums
+        self.accumulate = accumulate
         self._score = _maybe_xla(self._score_pass, model)
         self._train = _maybe_xla(self._train_pass, model)
         # Under MirroredStrategy (a replica `context`) the filters see the
@@ -114,14 +111,14 @@ class _Hooks:
             y_pred = self._no_output(rows[0])
             values = tf.zeros(tf.shape(rows[2]), "float32")
             zero = tf.zeros((), "float32")
-            if self.grad_sums is not None:
+            if self.accumulate is not None:
                 return y_pred, values, zero
             variables = self.model.trainable_variables
             return [tf.zeros_like(v) for v in variables], y_pred, values, zero
 
-        run = self._train if self.grad_sums is None else self._add_pass
+        run = self._train if self.accumulate is None else self._add_pass
         outputs = tf.cond(pred, lambda: run(*rows), skip)
-        if self.grad_sums is not None:
+        if self.accumulate is not None:
             grads, (y_pred, values, loss) = None, outputs
         else:
             grads, y_pred, values, loss = outputs
@@ -158,7 +155,7 @@ class _Hooks:
         dropout's seed state is left to advance. In inference mode with
         `SkipMasked(score_training=False)`."""
         model = self.model
-        if not model._filter_pair[1].score_training:
+        if not model._score_training:
             return tf.identity(model(x, training=False))
         saved_variables = [
             v
@@ -188,10 +185,9 @@ class _Hooks:
 
     def _add_pass(self, x, y, coefficients):
         """The training pass (XLA under `jit_compile`), its gradients added
-        to `grad_sums` by graph ops."""
+        to the window's sums by graph ops."""
         grads, y_pred, values, loss = self._train(x, y, coefficients)
-        for total, grad in zip(self.grad_sums, grads):
-            total.assign_add(tf.cast(grad, total.dtype))
+        self.accumulate(grads)
         return y_pred, values, loss
 
 
@@ -222,8 +218,7 @@ class ASSpeedTrainer:
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        strategy = tf.distribute.get_strategy()
-        replicas = strategy.num_replicas_in_sync
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
         context = tf.distribute.get_replica_context()
         if self.sample_filters:
             if replicas > 1:
@@ -232,21 +227,20 @@ class ASSpeedTrainer:
                 hooks = _Hooks(self, context)
                 gather = hooks.gather
             else:
-                grad_sums = self._accumulation.grad_sum
-                hooks, gather = _Hooks(self, grad_sums=grad_sums), None
+                if not self.optimizer.built:
+                    # Keras builds it in the step's first trace.
+                    self.optimizer.build(self.trainable_variables)
+                hooks = _Hooks(self, accumulate=self.optimizer.accumulate)
+                gather = None
             inputs, output = self._filtered_step(
                 x, y, sample_weight, hooks, gather
             )
-            grads, loss = output.grads, output.loss
-            rows, masked = output.rows, output.masked_rows
-            metric_args = (
-                inputs,
-                output.y,
-                output.y_pred,
-                output.metric_weight,
-            )
+            grads, rows, masked = output.grads, output.rows, output.masked_rows
+            metric_args = (inputs, output.y, output.y_pred, output.metric_weight)
             trained, scored = output.trained, output.scored
-            self._loss_tracker.update_state(loss, sample_weight=output.trained)
+            self._loss_tracker.update_state(
+                output.loss, sample_weight=output.loss_weight
+            )
         else:
             with tf.GradientTape() as tape:
                 y_pred = self(x, training=True)
@@ -264,99 +258,24 @@ class ASSpeedTrainer:
                 tape.gradient(scaled_loss, variables), variables
             )
             masked, rows = self._count_masked(y, y_pred, sample_weight)
+            if replicas > 1:  # the rule counts the global batch
+                masked, rows = context.all_reduce("sum", [masked, rows])
             metric_args = (x, y, y_pred, sample_weight)
             trained, scored = tf.constant(1.0), None
             self._loss_tracker.update_state(
                 loss * replicas, sample_weight=_batch_size(x)
             )
-        # Read after the forward pass, which builds a subclassed model.
-        # `grads` is None where the training pass added its gradients to
-        # the sums already: then the sums are neither read nor written here.
-        window = self._accumulation
-        if grads is None:
-            window = window._replace(grad_sum=[])
-        state = accumulation.AccumulationState(
-            *keras.tree.map_structure(lambda v: v.value, tuple(window))
-        )
         self._drawn.assign_add(1)
-        if replicas > 1:
-            # Every replica accumulates the same all-reduced values (the
-            # state variables aggregate "only_first_replica"), so all of
-            # them take the same decisions at the same micro-batch.
-            grads = context.all_reduce("sum", grads)
-            if not self.sample_filters:  # counted on the global batch
-                masked, rows = context.all_reduce("sum", [masked, rows])
-        state = accumulation.add(state, grads, rows, masked)
-        for variable, value in zip(
-            keras.tree.flatten(tuple(window)),
-            keras.tree.flatten(tuple(state)),
-        ):
-            variable.assign(value)
-        self._finish_window_if_due(state, replicas, context)
+        self.optimizer.apply(
+            grads, self.trainable_variables, rows=rows, masked_rows=masked
+        )
         logs = self._step_metrics(
             *metric_args, counts=(masked, rows), trained=trained, scored=scored
         )
-        logs["accum_steps"] = tf.convert_to_tensor(self._accumulation.steps)
+        logs["accum_steps"] = tf.convert_to_tensor(
+            self.optimizer.accumulation_steps
+        )
         return multi_worker_logs(logs)
-
-    def _finish_window_if_due(self, state, replicas, context):
-        variables = self.trainable_variables
-        window = self._accumulation
-
-        def apply_window(reset_sums=True):
-            # The optimizer sums gradients over replicas again: pre-divide.
-            current = accumulation.AccumulationState(
-                *keras.tree.map_structure(lambda v: v.value, tuple(window))
-            )
-            mean_grads, fresh = accumulation.finish_window(
-                current, self.lam, self.max_steps, divisor=replicas
-            )
-            self.optimizer.apply(mean_grads, variables)
-            targets = window
-            if not reset_sums:
-                targets = window._replace(grad_sum=[])
-                fresh = fresh._replace(grad_sum=[])
-            for variable, value in zip(
-                keras.tree.flatten(tuple(targets)),
-                keras.tree.flatten(tuple(fresh)),
-            ):
-                variable.assign(value)
-
-        due = accumulation.is_due(state)
-        if replicas > 1:
-            # The optimizer's cross-replica merge may not sit in a
-            # conditional built in replica context: build it in
-            # cross-replica context, as LossScaleOptimizer does.
-            def cross_replica(distribution, due):
-                done = distribution.experimental_local_results(due)[0]
-                tf.cond(
-                    done,
-                    lambda: distribution.extended.call_for_each_replica(
-                        apply_window
-                    ),
-                    lambda: None,
-                )
-
-            context.merge_call(cross_replica, args=(due,))
-        else:
-            end_window = apply_window
-            if self._passes_jit_compile:
-                # The graph step's update as a third XLA function: as graph
-                # ops, AdamW's update made an unfiltered epoch 4% slower.
-                # The sums are reset after it, as graph ops: XLA:CPU writes
-                # zeros into a variable through copies of it
-                # (`benchmarks/window_reset_cost.py`).
-                update = tf.function(
-                    functools.partial(apply_window, reset_sums=False),
-                    jit_compile=True,
-                )
-
-                def end_window():
-                    update()
-                    for variable in window.grad_sum:
-                        variable.assign(tf.zeros_like(variable))
-
-            tf.cond(due, end_window, lambda: None)
 
     def test_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)

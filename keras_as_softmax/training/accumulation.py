@@ -1,23 +1,29 @@
-"""AS-Speed's accumulation core: a state tuple and pure functions.
+"""AS-Speed's accumulation core: the window's state, pure functions of it,
+and the rules that set the window's length.
 
 Written after optax's `MultiSteps` (`optax/transforms/_accumulation.py`):
-the state is a `NamedTuple` of tensors, and every function takes a state and
-returns a new one, in `keras.ops` only. The backend trainers hold the state
-in non-trainable variables (so it is saved, restored and carried through
-JAX's stateless steps) and call these functions in their train steps.
+the state is a `NamedTuple` of tensors, every function takes a state and
+returns a new one, in `keras.ops` only, and the window's length is a
+plug-in rule, an int or a callable, as optax's `every_k_schedule`.
+`keras_as_softmax.AccumulatingOptimizer` holds the state in its variables
+and calls these functions:
 
 ```
 state = accumulation.init(model.trainable_variables)
 state = accumulation.add(state, grads, rows, masked_rows)
-if accumulation.is_due(state):
-    mean_grads, state = accumulation.finish_window(state, lam, max_steps)
+if accumulation.is_due(state):  # a compiled conditional in the optimizer
+    mean_grads, state = accumulation.finish_window(state, rule)
     optimizer.apply(mean_grads)
 ```
 """
 
 from typing import NamedTuple
 
+import keras
 from keras import ops
+
+from keras_as_softmax._validation import check_int
+from keras_as_softmax._validation import check_positive
 
 
 class AccumulationState(NamedTuple):
@@ -75,13 +81,13 @@ def is_due(state):
     return ops.greater_equal(state.micro_batches, state.steps)
 
 
-def finish_window(state, lam, max_steps, divisor=1):
+def finish_window(state, rule, divisor=1):
     """The window's mean gradients, and the state of the next window.
 
     The mean is over the window's micro-batches (times `divisor`, the
     number of replicas whose sums an optimizer adds up again), so an update
     has the scale of one plain batch however many micro-batches it spans.
-    The next window's `steps` follow `next_accumulation_steps`.
+    The next window's `steps` are `rule(steps, rows, masked_rows)`.
 
     Returns:
         `(mean_grads, state)` with the sums and counts of `state` reset.
@@ -90,9 +96,7 @@ def finish_window(state, lam, max_steps, divisor=1):
     mean_grads = [
         ops.cast(s / ops.cast(n, s.dtype), s.dtype) for s in state.grad_sum
     ]
-    steps = next_accumulation_steps(
-        state.steps, state.rows, state.masked_rows, lam, max_steps
-    )
+    steps = ops.cast(rule(state.steps, state.rows, state.masked_rows), "int32")
     return mean_grads, AccumulationState(
         grad_sum=[ops.zeros_like(s) for s in state.grad_sum],
         micro_batches=ops.zeros_like(state.micro_batches),
@@ -136,3 +140,77 @@ def next_accumulation_steps(steps, n_all, n_masked, lam, max_steps):
         steps < max_steps,
     )
     return ops.where(grow, steps + 1, steps)
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class AdaptiveSteps:
+    """The paper's rule (eq. 19): accumulate more micro-batches per update
+    as more rows are masked.
+
+    Called at the end of each window with its counts, it returns the next
+    window's length, `next_accumulation_steps(steps, rows, masked_rows,
+    lam, max_steps)`: `round(lam * N_all / (N_all - N_masked))`, never
+    decreasing, growing by at most one, capped at `max_steps`. Windows
+    start at one micro-batch.
+
+    Args:
+        lam: the paper's lambda (> 0). Defaults to `0.5`.
+        max_steps: the cap `s` (int >= 1). Defaults to `4`.
+    """
+
+    initial_steps = 1
+
+    def __init__(self, lam=0.5, max_steps=4):
+        self.lam = check_positive(lam, "lam")
+        self.max_steps = check_int(max_steps, "max_steps", 1)
+
+    def __call__(self, steps, rows, masked_rows):
+        return next_accumulation_steps(
+            steps, rows, masked_rows, self.lam, self.max_steps
+        )
+
+    def get_config(self):
+        return {"lam": self.lam, "max_steps": self.max_steps}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __repr__(self):
+        return f"AdaptiveSteps(lam={self.lam!r}, max_steps={self.max_steps!r})"
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class FixedSteps:
+    """A window of `steps` micro-batches, always (plain accumulation)."""
+
+    def __init__(self, steps=1):
+        self.initial_steps = check_int(steps, "steps", 1)
+
+    def __call__(self, steps, rows, masked_rows):
+        return steps
+
+    def get_config(self):
+        return {"steps": self.initial_steps}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __repr__(self):
+        return f"FixedSteps({self.initial_steps!r})"
+
+
+def as_rule(rule):
+    """A rule from an int (`FixedSteps`) or a callable `(steps, rows,
+    masked_rows) -> steps` (a callable without `initial_steps` starts at
+    one micro-batch)."""
+    if isinstance(rule, int) and not isinstance(rule, bool):
+        return FixedSteps(rule)
+    if not callable(rule):
+        raise ValueError(
+            "Expected `steps_rule` to be an int >= 1 or a callable "
+            "`(steps, rows, masked_rows) -> steps`. "
+            f"Received: steps_rule={rule!r}"
+        )
+    return rule

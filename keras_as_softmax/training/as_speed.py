@@ -1,5 +1,6 @@
 """`ASSpeed`: the model wrapper, its checks, and its state."""
 
+import contextlib
 import sys
 
 import keras
@@ -15,9 +16,9 @@ from keras_as_softmax.metrics import MaskedRatio
 from keras_as_softmax.metrics import count_masked_rows
 from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import _queue
-from keras_as_softmax.training import accumulation
-from keras_as_softmax.training._break_even import BreakEvenMeter
 from keras_as_softmax.training._filtering import FilterState
+from keras_as_softmax.training.accumulation import AdaptiveSteps
+from keras_as_softmax.training.optimizer import AccumulatingOptimizer
 
 _BACKEND = keras.backend.backend()
 if _BACKEND == "tensorflow":
@@ -167,7 +168,6 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 name="scored_fraction"
             )
         self._filter_spec = None
-        self._break_even_meter = None
         if model.built:
             self._create_state()
             self.built = True
@@ -221,16 +221,6 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "ASSpeed needs a model with trainable weights. Received a "
                 f"model with none: {self.inner_model.name!r}"
             )
-        self._accumulation = accumulation.AccumulationState(
-            grad_sum=[
-                self._state(f"grad_accumulator_{i}", v.dtype, v.shape)
-                for i, v in enumerate(variables)
-            ],
-            micro_batches=self._state("window_batches", "int32"),
-            rows=self._state("window_rows", "float32"),
-            masked_rows=self._state("window_masked_rows", "float32"),
-            steps=self._state("accum_steps", "int32", initializer="ones"),
-        )
         # Batches drawn in all of training: the key of the revisit draws.
         self._drawn = self._state("drawn_batches", "int32")
         if self.sample_filters:
@@ -289,17 +279,6 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         )
         self._train_queue = queue("train_queue")
         self._masked_share = self._state("masked_share", "float32")
-        if skip is not None:
-            # SkipMasked scores from this masked share: its argument, or
-            # the break-even that `fit` measures (`_break_even`).
-            start = skip.min_masked_ratio
-            if start is None:
-                start = filters_lib.SkipMasked.MEASURED_START
-            self._min_masked_ratio = self._state(
-                "min_masked_ratio",
-                "float32",
-                initializer=keras.initializers.Constant(start),
-            )
         self._filter_spec = spec
 
     def _filter_state(self):
@@ -316,7 +295,6 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             train_queue=queue(self._train_queue),
             memory=value(getattr(self, "_memory", None)),
             masked_share=self._masked_share.value,
-            min_masked_ratio=value(getattr(self, "_min_masked_ratio", None)),
         )
 
     def _assign_filter_state(self, state):
@@ -390,10 +368,39 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         inputs, _ = filters_lib.split_sample_ids(inputs)
         return self.inner_model(inputs, training=training)
 
+    def compile(self, optimizer="rmsprop", **kwargs):
+        """`keras.Model.compile`, with the optimizer wrapped in a
+        `keras_as_softmax.AccumulatingOptimizer` that follows the paper's
+        rule (`AdaptiveSteps(lam, max_steps)`); an `AccumulatingOptimizer`
+        passed in is kept as it is."""
+        super().compile(optimizer=optimizer, **kwargs)
+        if self.optimizer is not None and not isinstance(
+            self.optimizer, AccumulatingOptimizer
+        ):
+            with self._strategy_scope():
+                self.optimizer = AccumulatingOptimizer(
+                    self.optimizer,
+                    AdaptiveSteps(self.lam, self.max_steps),
+                    name="accumulating_optimizer",
+                )
+
+    def _strategy_scope(self):
+        if _BACKEND == "tensorflow":
+            return self.distribute_strategy.scope()
+        return contextlib.nullcontext()
+
+    @property
+    def _score_training(self):
+        """Whether the scoring pass runs in training mode."""
+        return self._filter_pair[1].score_training
+
     @property
     def accumulation_steps(self):
         """The current number of micro-batches per optimizer update (int)."""
-        return int(ops.convert_to_numpy(self._accumulation.steps))
+        self._check_compiled()
+        return int(
+            ops.convert_to_numpy(self.optimizer.accumulation_steps.value)
+        )
 
     @accumulation_steps.setter
     def accumulation_steps(self, value):
@@ -406,7 +413,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "Expected `accumulation_steps` to be an int in "
                 f"[1, {self.max_steps}] (max_steps). Received: {value!r}"
             )
-        self._accumulation.steps.assign(value)
+        self.optimizer.accumulation_steps.assign(value)
 
     @property
     def last_seen_masked_fraction(self):
@@ -446,14 +453,6 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "A sample filter reweights per-row losses, which needs the "
                 f"reduction to be one of {_FILTER_REDUCTIONS}. Received: "
                 f"reduction={loss.reduction!r}"
-            )
-        precision = getattr(self._filter_pair[1], "score_precision", None)
-        if precision is not None and _BACKEND != "jax":
-            raise ValueError(
-                "SkipMasked(score_precision='bfloat16') rewrites the scoring "
-                "pass's matrix products on the jax backend. Expected "
-                f"score_precision=None on the {_BACKEND!r} backend. "
-                f"Received: score_precision={precision!r}"
             )
         if self.sample_filters and _BACKEND == "tensorflow":
             if is_multi_worker(self.distribute_strategy):
@@ -612,15 +611,6 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         if self.sample_filters:
             callbacks = list(kwargs.pop("callbacks", None) or [])
             callbacks.append(_EpochSchedule(epochs))
-            skip = self._filter_pair[1]
-            if skip is not None and skip.min_masked_ratio is None:
-                # One meter for the model's life: its timings carry over
-                # from one `fit` to the next.
-                if self._break_even_meter is None:
-                    self._break_even_meter = BreakEvenMeter(
-                        self._min_masked_ratio
-                    )
-                callbacks.append(self._break_even_meter)
             kwargs["callbacks"] = callbacks
         return super().fit(
             x=x,
@@ -769,13 +759,25 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         )
         if self.preprocessor is not None:
             batch_size = None
-        return super().evaluate(
-            x=x,
-            y=y,
-            batch_size=batch_size,
-            sample_weight=sample_weight,
-            **kwargs,
-        )
+        self._evaluating = True
+        try:
+            return super().evaluate(
+                x=x,
+                y=y,
+                batch_size=batch_size,
+                sample_weight=sample_weight,
+                **kwargs,
+            )
+        finally:
+            self._evaluating = False
+
+    def get_metrics_result(self):
+        logs = super().get_metrics_result()
+        if getattr(self, "_evaluating", False):
+            # Shares of training passes: nothing to report on evaluation.
+            logs.pop("trained_fraction", None)
+            logs.pop("scored_fraction", None)
+        return logs
 
     def predict(self, x, batch_size=None, **kwargs):
         if self.preprocessor is not None:

@@ -1,0 +1,277 @@
+"""`AccumulatingOptimizer`: adaptive gradient accumulation as an optimizer
+wrapper, after Keras's `LossScaleOptimizer`."""
+
+import keras
+from keras import ops
+
+from keras_as_softmax.training import accumulation
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class AccumulatingOptimizer(keras.optimizers.Optimizer):
+    """Adds micro-batch gradients to a window and applies their mean with
+    an inner optimizer once the window is full; the window's length follows
+    a rule of the counts it saw (AS-Speed's accumulation).
+
+    Each call of `apply` (or `stateless_apply` on JAX) adds one
+    micro-batch: its gradients to the window's sums, and its counted and
+    masked rows to the window's counts. When the window holds `steps`
+    micro-batches, the inner optimizer applies their *mean*, so an update
+    has the scale of one batch however many micro-batches it spans, and
+    the next window's length is `steps_rule(steps, rows, masked_rows)`.
+    The decision is a compiled conditional (`keras.ops.cond`): no value is
+    read back to the host, and a micro-batch that ends no window runs no
+    optimizer arithmetic.
+
+    Learning-rate schedules and Adam's bias correction count updates:
+    `iterations` is the inner optimizer's.
+
+    Args:
+        inner_optimizer: the `keras.optimizers.Optimizer` that applies the
+            mean gradient.
+        steps_rule: the window's length: an int >= 1 (fixed), or a callable
+            `(steps, rows, masked_rows) -> next_steps` of `keras.ops`
+            scalars, evaluated at the end of each window, such as
+            `keras_as_softmax.training.accumulation.AdaptiveSteps`, the
+            paper's rule. Defaults to `1`.
+        name: the optimizer's name.
+
+    Example:
+
+    ```python
+    optimizer = keras_as_softmax.AccumulatingOptimizer(
+        keras.optimizers.AdamW(2e-5),
+        steps_rule=keras_as_softmax.AdaptiveSteps(lam=0.5, max_steps=4),
+    )
+    ```
+    `ASSpeed.compile` wraps the optimizer this way by itself.
+    """
+
+    def __init__(self, inner_optimizer, steps_rule=1, name=None, **kwargs):
+        super().__init__(learning_rate=0.0, name=name, **kwargs)
+        if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+            raise ValueError(
+                "Expected `inner_optimizer` to be a keras.optimizers."
+                f"Optimizer. Received: inner_optimizer={inner_optimizer!r}"
+            )
+        self.inner_optimizer = inner_optimizer
+        self.steps_rule = accumulation.as_rule(steps_rule)
+
+    def build(self, var_list):
+        if self.built:
+            return
+        variable = self.add_variable
+        self.grad_sums = [
+            self.add_variable_from_reference(v, name="accumulated_gradient")
+            for v in var_list
+        ]
+        self.window_batches = variable((), dtype="int32", name="batches")
+        self.window_rows = variable((), dtype="float32", name="rows")
+        self.window_masked_rows = variable(
+            (), dtype="float32", name="masked_rows"
+        )
+        self.accumulation_steps = variable(
+            (),
+            initializer=keras.initializers.Constant(
+                getattr(self.steps_rule, "initial_steps", 1)
+            ),
+            dtype="int32",
+            name="accumulation_steps",
+        )
+        self.inner_optimizer.build(var_list)
+        super().build(var_list)
+
+    @property
+    def variables(self):
+        return self._variables + self.inner_optimizer.variables
+
+    def _window(self):
+        """The window's variables, as an `AccumulationState`."""
+        return accumulation.AccumulationState(
+            self.grad_sums,
+            self.window_batches,
+            self.window_rows,
+            self.window_masked_rows,
+            self.accumulation_steps,
+        )
+
+    # ------------------------------------------------------------ stateless
+
+    def stateless_apply(
+        self,
+        optimizer_variables,
+        grads,
+        trainable_variables,
+        rows=0.0,
+        masked_rows=0.0,
+    ):
+        """`apply` as a pure function of values (JAX): returns the new
+        `(trainable_variables, optimizer_variables)`."""
+        if not self.built:
+            raise ValueError(
+                f"To call `stateless_apply`, {type(self).__name__} must be "
+                "built: call `optimizer.build(trainable_variables)`."
+            )
+        values = list(optimizer_variables)
+        index = {id(v): i for i, v in enumerate(self.variables)}
+        own = [index[id(v)] for v in _flat(self._window())]
+        inner = values[len(self._variables) :]
+        window = accumulation.AccumulationState(
+            *keras.tree.pack_sequence_as(
+                tuple(self._window()), [values[i] for i in own]
+            )
+        )
+        window = accumulation.add(window, grads, rows, masked_rows)
+
+        def finish():
+            mean, fresh = accumulation.finish_window(window, self.steps_rule)
+            new_trainable, new_inner = self.inner_optimizer.stateless_apply(
+                inner, mean, trainable_variables
+            )
+            return list(new_trainable), list(new_inner), fresh
+
+        def carry():
+            return list(trainable_variables), inner, window
+
+        trainable, inner, window = ops.cond(
+            accumulation.is_due(window), finish, carry
+        )
+        for i, value in zip(own, _flat(window)):
+            values[i] = value
+        return trainable, values[: len(self._variables)] + list(inner)
+
+    # ------------------------------------------------------------- stateful
+
+    def accumulate(self, grads):
+        """Adds `grads` to the window's sums in place, without counting a
+        micro-batch (a trainer that adds a pass's gradients where the pass
+        runs, then calls `apply(None, ...)`)."""
+        for total, grad in zip(self.grad_sums, grads):
+            if grad is not None:
+                total.assign_add(ops.cast(grad, total.dtype))
+
+    def apply(
+        self, grads, trainable_variables=None, rows=0.0, masked_rows=0.0
+    ):
+        """Adds one micro-batch and applies the window's mean when due.
+
+        Args:
+            grads: the micro-batch's gradients, or `None` when they were
+                added with `accumulate` already.
+            trainable_variables: the variables, as for any optimizer.
+            rows: counted rows of the micro-batch (`N_all`), a scalar.
+            masked_rows: masked rows among them (`N_masked`), a scalar.
+        """
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+        if keras.backend.backend() == "tensorflow":
+            self._tf_apply(grads, trainable_variables, rows, masked_rows)
+        else:
+            self._common_apply(grads, trainable_variables, rows, masked_rows)
+
+    def _add(self, grads, rows, masked_rows):
+        if grads is not None:
+            self.accumulate(grads)
+        self.window_batches.assign_add(1)
+        self.window_rows.assign_add(ops.cast(rows, "float32"))
+        self.window_masked_rows.assign_add(ops.cast(masked_rows, "float32"))
+
+    def _finish(self, trainable_variables, divisor=1):
+        window = accumulation.AccumulationState(
+            *keras.tree.map_structure(
+                lambda v: v.value, tuple(self._window())
+            )
+        )
+        mean, fresh = accumulation.finish_window(
+            window, self.steps_rule, divisor
+        )
+        self.inner_optimizer.apply(mean, trainable_variables)
+        for variable, value in zip(
+            _flat(self._window()), _flat(fresh)
+        ):
+            variable.assign(value)
+
+    def _common_apply(self, grads, trainable_variables, rows, masked_rows):
+        self._add(grads, rows, masked_rows)
+        ops.cond(
+            accumulation.is_due(self._window()),
+            lambda: self._finish(trainable_variables),
+            lambda: None,
+        )
+
+    def _tf_apply(self, grads, trainable_variables, rows, masked_rows):
+        """TensorFlow: under several replicas, every replica adds the
+        all-reduced gradients (the window's variables keep the first
+        replica's copy), and the window ends in cross-replica context, as
+        `LossScaleOptimizer` builds its conditional."""
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        if context is None or replicas == 1:
+            self._common_apply(grads, trainable_variables, rows, masked_rows)
+            return
+        if grads is not None:
+            grads = context.all_reduce("sum", list(grads))
+        self._add(grads, rows, masked_rows)
+
+        def cross_replica(distribution, due):
+            done = distribution.experimental_local_results(due)[0]
+            # The inner optimizer sums the replicas' gradients again.
+            ops.cond(
+                done,
+                lambda: distribution.extended.call_for_each_replica(
+                    self._finish, args=(trainable_variables, replicas)
+                ),
+                lambda: None,
+            )
+
+        due = accumulation.is_due(self._window())
+        context.merge_call(cross_replica, args=(due,))
+
+    # ------------------------------------------------------- as the inner
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(
+                self.inner_optimizer
+            ),
+            "steps_rule": keras.saving.serialize_keras_object(
+                self.steps_rule
+            ),
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("inner_optimizer"), custom_objects=custom_objects
+        )
+        rule = keras.saving.deserialize_keras_object(
+            config.pop("steps_rule"), custom_objects=custom_objects
+        )
+        return cls(inner, rule, **config)
+
+
+def _flat(window):
+    return keras.tree.flatten(tuple(window))
