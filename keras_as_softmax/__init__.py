@@ -23,6 +23,9 @@ from keras_as_softmax.losses import temperature_softmax_cross_entropy
 from keras_as_softmax.metrics import MaskedRatio
 from keras_as_softmax.metrics import count_masked_rows
 from keras_as_softmax.metrics import masked_rows
+from keras_as_softmax.training.accumulation import AdaptiveSteps
+from keras_as_softmax.training.accumulation import FixedSteps
 from keras_as_softmax.training.as_speed import ASSpeed
+from keras_as_softmax.training.optimizer import AccumulatingOptimizer
 
 __version__ = "0.1.0"

@@ -30,19 +30,16 @@ from typing import NamedTuple
 import keras
 from keras import ops
 
+from keras_as_softmax.filters.base import Seen
+from keras_as_softmax.filters.base import View
 from keras_as_softmax.losses._common import valid_rows
 from keras_as_softmax.training import _queue
-
-# Weight of the newest batch in the moving masked share that decides when
-# SkipMasked scores.
-_EMA = 0.1
 
 
 class FilterState(NamedTuple):
     score_queue: object  # RowQueue or None (not two filters)
     train_queue: object  # RowQueue
-    memory: object  # float32 [num_samples]: what the last-seen filter records
-    masked_share: object  # float32 scalar, moving masked share
+    states: list  # one dict of tensors per filter (`state_spec`)
 
 
 class StepOutput(NamedTuple):
@@ -130,6 +127,14 @@ def _sample_masked(counted, masked):
     return ops.cast(flags, "float32")
 
 
+def _sample_counted(counted):
+    """1.0 where a sample has a counted row."""
+    flags = counted
+    while len(flags.shape) > 1:
+        flags = ops.any(flags, axis=-1)
+    return ops.cast(flags, "float32")
+
+
 def _sample_loss(counted, values):
     """Each sample's mean loss over its counted rows (0 without any)."""
     counted = ops.cast(counted, "float32")
@@ -137,23 +142,6 @@ def _sample_loss(counted, values):
     while len(total.shape) > 1:
         total, n = ops.sum(total, axis=-1), ops.sum(n, axis=-1)
     return total / ops.maximum(n, 1.0)
-
-
-def _record(last_seen, memory, ids, counted, masked, values, where, epoch):
-    """Writes what `last_seen` records of a pass's samples in `epoch`, for
-    the rows where `where` holds."""
-    new = last_seen.record(
-        _sample_loss(counted, values), _sample_masked(counted, masked), epoch
-    )
-    old = ops.take(memory, ids, axis=0)
-    new = ops.where(where, new, old)
-    return ops.scatter_update(memory, ops.expand_dims(ids, -1), new)
-
-
-def _moving_share(share, n_all, n_masked):
-    """The moving masked share, after a pass that counted `n_all` rows."""
-    new = n_masked / ops.maximum(n_all, 1.0)
-    return ops.where(n_all > 0, (1 - _EMA) * share + _EMA * new, share)
 
 
 def _pass_flags(loss, rows, y, y_pred, ran, values=None):
@@ -204,6 +192,21 @@ class Rows(NamedTuple):
         return cls(x, y, *leaves[n_x + n_y :])
 
 
+def _observe(filters, states, seen):
+    return [f.observe(seen, state) for f, state in zip(filters, states)]
+
+
+def _apply_weight(rows, go, keep, weight):
+    """`keep` and the coefficients times `weight` where `go`; else every
+    row kept as it was."""
+    keep = ops.where(go, keep, True)
+    weight = ops.where(ops.logical_and(go, keep), weight, 1.0)
+    coefficients = rows.coefficients * _broadcast_rows(
+        ops.cast(weight, "float32"), rows.coefficients
+    )
+    return keep, rows._replace(coefficients=coefficients)
+
+
 def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
     """One train step with filters.
 
@@ -213,13 +216,17 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         state: a `FilterState`.
         x, y, sample_weight: the drawn batch.
         ids: int32 `[batch]` sample ids, or None.
-        draws: float32 `[batch]` uniform draws for the revisits.
+        draws: a function `(filter index, size) -> float32 [size]` of
+            uniform draws for the filters that need them.
         hooks: the backend's passes, see `_tensorflow.py` / `_jax.py`.
 
     Returns:
         `(StepOutput, FilterState)`.
     """
-    last_seen, skip_masked = model._filter_pair
+    filters = model.sample_filters
+    states = list(state.states)
+    memory_at = [i for i, f in enumerate(filters) if not f.scores]
+    scoring_at = [i for i, f in enumerate(filters) if f.scores]
     loss = model.loss
     size = model._filter_batch_size
     x_leaves = keras.tree.flatten(x)
@@ -244,23 +251,18 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         ops.zeros((batch,), "float32"),
     )
     n_x, n_y = len(x_leaves), len(y_leaves)
-    memory = state.memory
     epoch, epochs = model._epoch_state()
     count_all = ops.zeros((), "float32")
     count_masked = ops.zeros((), "float32")
+    ready = None
 
-    # The last-seen filter: leave out, without a pass, what it names
-    # from the memory (SkipMaskedLastSeen: what was masked).
-    if last_seen is not None:
-        active = last_seen.active(epoch, epochs)
-        remembered = ops.take(memory, rows.ids, axis=0)
-        candidate = ops.logical_and(
-            last_seen.candidates(remembered, memory, epoch), active
-        )
-        keep, weight = last_seen.select(candidate, draws)
-        rows = rows._replace(
-            coefficients=rows.coefficients
-            * _broadcast_rows(weight, rows.coefficients)
+    # A memory filter: leave out, without a pass, what it names.
+    for i in memory_at:
+        memory_filter = filters[i]
+        view = View(rows.ids, draws(i, batch), epoch, epochs)
+        keep, weight = memory_filter.select(view, states[i])
+        keep, rows = _apply_weight(
+            rows, memory_filter.active(epoch, epochs), keep, weight
         )
         # Left-out samples count as masked for AS-Speed's rule.
         valid = ops.cast(row_valid(loss, y_main, row_shape), "float32")
@@ -269,29 +271,26 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         )
         count_all += ops.sum(valid * skipped)
         count_masked += ops.sum(valid * skipped)
-        queue = (
-            state.score_queue if skip_masked is not None else state.train_queue
-        )
-        queue = _queue.push(queue, rows.flat(), keep)
-        if skip_masked is None:
-            state = state._replace(train_queue=queue)
-            ready = None
+        if not scoring_at:
+            state = state._replace(
+                train_queue=_queue.push(state.train_queue, rows.flat(), keep)
+            )
         else:
+            queue = _queue.push(state.score_queue, rows.flat(), keep)
             popped, rest = _queue.pop(queue, size)
             ready = queue.count >= size
             state = state._replace(
                 score_queue=_queue.select(ready, rest, queue)
             )
             rows = Rows.unflat(popped, n_x, n_y)
-    else:
-        ready = None
 
-    # SkipMasked: score, keep what is not masked now.
+    # A scoring filter: score, keep what it selects.
     scored = ops.zeros((), "float32")
-    if skip_masked is not None:
+    for i in scoring_at:
+        scoring_filter = filters[i]
         go = ops.logical_and(
-            skip_masked.active(epoch, epochs),
-            state.masked_share >= skip_masked.min_masked_ratio,
+            scoring_filter.active(epoch, epochs),
+            scoring_filter.should_score(states[i]),
         )
         if ready is not None:
             go = ops.logical_and(go, ready)
@@ -301,23 +300,26 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         counted, masked, values = _pass_flags(loss, rows, score_y, y_pred, go)
         scored_rows = (score_y, y_pred, rows, values)
         sample_masked = _sample_masked(counted, masked)
-        skippable = sample_masked
-        if skip_masked.score_margin:
-            strict = row_values(loss, score_y, y_pred, skip_masked.score_margin)
+        sample_loss = _sample_loss(counted, values)
+
+        def masked_with_margin(margin, counted=counted, y=score_y, p=y_pred):
+            strict = row_values(loss, y, p, margin)
             strict = ops.logical_and(counted, ops.equal(strict, 0.0))
-            skippable = _sample_masked(counted, strict)
-        if last_seen is not None:
-            memory = _record(
-                last_seen,
-                memory,
-                rows.ids,
-                counted,
-                masked,
-                values,
-                _rows_of(go, rows),
-                epoch,
-            )
-        keep = ops.where(go, skippable < 0.5, True)
+            return _sample_masked(counted, strict)
+
+        n_rows = ops.shape(rows.ids)[0]
+        view = View(
+            rows.ids,
+            draws(i, n_rows),
+            epoch,
+            epochs,
+            sample_loss=sample_loss,
+            sample_masked=sample_masked,
+            counted=_sample_counted(counted),
+            masked_with_margin=masked_with_margin,
+        )
+        keep, weight = scoring_filter.select(view, states[i])
+        keep, rows = _apply_weight(rows, go, keep, weight)
         if ready is not None:
             keep = ops.logical_and(keep, ready)
         n_all = ops.sum(ops.cast(counted, "float32"))
@@ -325,8 +327,18 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         scored = ops.cast(go, "float32")
         count_all += n_all
         count_masked += n_masked
-        state = state._replace(
-            masked_share=_moving_share(state.masked_share, n_all, n_masked)
+        states = _observe(
+            filters,
+            states,
+            Seen(
+                rows.ids,
+                _rows_of(go, rows),
+                sample_loss,
+                sample_masked,
+                n_all,
+                n_masked,
+                epoch,
+            ),
         )
         rows = rows._replace(
             counted=ops.where(go, ops.ones_like(rows.counted), rows.counted)
@@ -349,30 +361,29 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
     counted, masked, values = _pass_flags(
         loss, rows, train_y, y_pred, full, values
     )
-    if last_seen is not None:
-        memory = _record(
-            last_seen,
-            memory,
-            rows.ids,
-            counted,
-            masked,
-            values,
-            _rows_of(full, rows),
-            epoch,
-        )
     # Rows scored this step were counted then.
     fresh = _broadcast_rows(1.0 - rows.counted, values)
     n_all = ops.sum(ops.cast(counted, "float32") * fresh)
     n_masked = ops.sum(ops.cast(masked, "float32") * fresh)
-    state = state._replace(memory=memory)
+    states = _observe(
+        filters,
+        states,
+        Seen(
+            rows.ids,
+            _rows_of(full, rows),
+            _sample_loss(counted, values),
+            _sample_masked(counted, masked),
+            n_all,
+            n_masked,
+            epoch,
+        ),
+    )
+    state = state._replace(states=states)
     trained = ops.cast(full, "float32")
     metric_y, metric_pred = train_y, y_pred
     metric_weight = rows.metric_weight * trained
     loss_weight = trained
-    if skip_masked is not None:
-        state = state._replace(
-            masked_share=_moving_share(state.masked_share, n_all, n_masked)
-        )
+    if scoring_at:
         # The logs cover what a plain step's would, the rows drawn, where a
         # scoring pass saw them; else the rows a training pass ran on.
         score_y, score_pred, score_rows, score_values = scored_rows

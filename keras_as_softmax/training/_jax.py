@@ -58,9 +58,7 @@ class _Hooks:
         def skip(state, x):
             return self._no_output(x), state
 
-        y_pred, self.state = jax.lax.cond(
-            pred, self.score, skip, self.state, x
-        )
+        y_pred, self.state = jax.lax.cond(pred, self.score, skip, self.state, x)
         return y_pred
 
     def maybe_train(self, pred, x, y, coefficients):
@@ -166,7 +164,12 @@ class ASSpeedTrainer:
                 non_trainable[index[id(v)]] = scope.get_current_value(v)
             grads, rows, masked = output.grads, output.rows, output.masked_rows
             loss_value, loss_weight = output.loss, output.loss_weight
-            metric_args = (inputs, output.y, output.y_pred, output.metric_weight)
+            metric_args = (
+                inputs,
+                output.y,
+                output.y_pred,
+                output.metric_weight,
+            )
             trained, scored = output.trained, output.scored
         else:
             grad_fn = jax.value_and_grad(
@@ -196,9 +199,7 @@ class ASSpeedTrainer:
         )
 
         metrics_mapping = list(zip(self.metrics_variables, metrics_vars))
-        optimizer_mapping = list(
-            zip(self.optimizer.variables, optimizer_vars)
-        )
+        optimizer_mapping = list(zip(self.optimizer.variables, optimizer_vars))
         with keras.StatelessScope(
             state_mapping=metrics_mapping + optimizer_mapping
         ) as scope:

@@ -163,7 +163,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self.trained_fraction_tracker = keras.metrics.Mean(
             name="trained_fraction"
         )
-        if self._filter_pair[1] is not None:
+        if self._scoring_filter is not None:
             self.scored_fraction_tracker = keras.metrics.Mean(
                 name="scored_fraction"
             )
@@ -177,19 +177,14 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     # ------------------------------------------------------------- structure
 
     @property
-    def _filter_pair(self):
-        """`(last-seen filter or None, SkipMasked or None)`."""
-        last_seen = skip = None
-        for f in self.sample_filters:
-            if isinstance(f, filters_lib.LastSeenFilter):
-                last_seen = f
-            else:
-                skip = f
-        return last_seen, skip
+    def _scoring_filter(self):
+        """The filter that runs a scoring pass, or `None`."""
+        return next((f for f in self.sample_filters if f.scores), None)
 
     @property
-    def _last_seen(self):
-        return self._filter_pair[0]
+    def _memory_filter(self):
+        """The filter that decides from its memory, or `None`."""
+        return next((f for f in self.sample_filters if not f.scores), None)
 
     def build(self, input_shape=None):
         if not self.inner_model.trainable_variables and input_shape is not None:
@@ -232,21 +227,28 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 (2,),
                 keras.initializers.Constant([0, 1]),
             )
-        last_seen = self._last_seen
-        if last_seen is not None:
-            self._memory = self._state(
-                last_seen.memory_name,
-                "float32",
-                (last_seen.num_samples,),
-                keras.initializers.Constant(last_seen.memory_initial),
-            )
-            seed = last_seen.seed
-            if seed is None:
-                seed = int(np.random.default_rng().integers(2**31 - 1))
-            self._revisit_seed = self._state(
-                "revisit_seed",
+        # Each filter's state, as its `state_spec` says.
+        self._filter_states = [
+            {
+                name: self._state(
+                    name, dtype, shape, keras.initializers.Constant(initial)
+                )
+                for name, (shape, dtype, initial) in f.state_spec().items()
+            }
+            for f in self.sample_filters
+        ]
+        if any(f.needs_draws for f in self.sample_filters):
+            # A filter's seed, or one from NumPy's global generator, which
+            # `keras.utils.set_random_seed` seeds.
+            seeds = [
+                np.random.randint(2**31 - 1) if f.seed is None else f.seed
+                for f in self.sample_filters
+            ]
+            self._filter_seeds = self._state(
+                "filter_seeds",
                 "int32",
-                initializer=keras.initializers.Constant(seed),
+                (len(seeds),),
+                keras.initializers.Constant(seeds),
             )
         self._state_created = True
 
@@ -273,17 +275,13 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 self._state(f"{prefix}_count", "int32"),
             )
 
-        last_seen, skip = self._filter_pair
-        self._score_queue = (
-            queue("score_queue") if last_seen is not None and skip else None
-        )
+        two = self._memory_filter is not None and self._scoring_filter
+        self._score_queue = queue("score_queue") if two else None
         self._train_queue = queue("train_queue")
-        self._masked_share = self._state("masked_share", "float32")
         self._filter_spec = spec
 
     def _filter_state(self):
         """The filter state as values (`FilterState`)."""
-        value = lambda v: None if v is None else v.value  # noqa: E731
 
         def queue(q):
             if q is None:
@@ -293,8 +291,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         return FilterState(
             score_queue=queue(self._score_queue),
             train_queue=queue(self._train_queue),
-            memory=value(getattr(self, "_memory", None)),
-            masked_share=self._masked_share.value,
+            states=[
+                {name: v.value for name, v in variables.items()}
+                for variables in self._filter_states
+            ],
         )
 
     def _assign_filter_state(self, state):
@@ -307,18 +307,16 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
 
         queue(self._score_queue, state.score_queue)
         queue(self._train_queue, state.train_queue)
-        if state.memory is not None:
-            self._memory.assign(state.memory)
-        self._masked_share.assign(state.masked_share)
+        for variables, values in zip(self._filter_states, state.states):
+            for name, variable in variables.items():
+                variable.assign(values[name])
 
     def _filter_variables(self):
         """The variables a filtered step assigns besides the model's."""
-        found = [self._masked_share]
+        found = [v for states in self._filter_states for v in states.values()]
         for q in (self._score_queue, self._train_queue):
             if q is not None:
                 found += [*q.buffers, q.count]
-        if self._last_seen is not None:
-            found += [self._memory]
         return found
 
     def _filtered_step(self, x, y, sample_weight, hooks, gather=None):
@@ -337,15 +335,16 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 None if t is None else keras.tree.map_structure(gather, t)
                 for t in (inputs, y, sample_weight, ids)
             )
-        draws = None
-        if self._last_seen is not None:
-            # Drawn from the seed and the batch's index in training, not a
-            # generator's state: the same on every replica and device
+
+        def draws(index, size):
+            # From the filter's seed and the batch's index in training, not
+            # a generator's state: the same on every replica and device
             # count, and after a resume.
-            size = ops.shape(keras.tree.flatten(inputs)[0])[0]
-            draws = stateless_uniform(
-                size, self._revisit_seed.value, self._drawn.value
-            )
+            if not self.sample_filters[index].needs_draws:
+                return None
+            seed = self._filter_seeds.value[index]
+            return stateless_uniform(size, seed, self._drawn.value)
+
         output, state = _filtering.filtered_step(
             self,
             self._filter_state(),
@@ -392,7 +391,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     @property
     def _score_training(self):
         """Whether the scoring pass runs in training mode."""
-        return self._filter_pair[1].score_training
+        return self._scoring_filter.score_training
 
     @property
     def accumulation_steps(self):
@@ -418,9 +417,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     @property
     def last_seen_masked_fraction(self):
         """Share of the training set masked when last seen (or `None`)."""
-        if self._last_seen is None:
+        memory_filter = self._memory_filter
+        if memory_filter is None:
             return None
-        masked = self._last_seen.masked_when_seen(self._memory.value)
+        index = self.sample_filters.index(memory_filter)
+        state = {k: v.value for k, v in self._filter_states[index].items()}
+        masked = memory_filter.masked_when_seen(state)
         return float(np.mean(ops.convert_to_numpy(masked)))
 
     @property
@@ -540,7 +542,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         """The train step's metric updates: counts it already has."""
         self.masked_ratio_tracker.update_counts(*counts)
         self.trained_fraction_tracker.update_state(trained)
-        if scored is not None and self._filter_pair[1] is not None:
+        if scored is not None and self._scoring_filter is not None:
             self.scored_fraction_tracker.update_state(scored)
         return keras.Model.compute_metrics(self, x, y, y_pred, sample_weight)
 
@@ -650,7 +652,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
 
             first_x, first_y, first_w = take(x), take(y), take(sample_weight)
         inputs, ids = filters_lib.split_sample_ids(first_x)
-        last_seen = self._last_seen
+        last_seen = self._memory_filter
         if last_seen is not None:
             if ids is None:
                 raise ValueError(

@@ -150,9 +150,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             if grad is not None:
                 total.assign_add(ops.cast(grad, total.dtype))
 
-    def apply(
-        self, grads, trainable_variables=None, rows=0.0, masked_rows=0.0
-    ):
+    def apply(self, grads, trainable_variables=None, rows=0.0, masked_rows=0.0):
         """Adds one micro-batch and applies the window's mean when due.
 
         Args:
@@ -179,17 +177,13 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
 
     def _finish(self, trainable_variables, divisor=1):
         window = accumulation.AccumulationState(
-            *keras.tree.map_structure(
-                lambda v: v.value, tuple(self._window())
-            )
+            *keras.tree.map_structure(lambda v: v.value, tuple(self._window()))
         )
         mean, fresh = accumulation.finish_window(
             window, self.steps_rule, divisor
         )
         self.inner_optimizer.apply(mean, trainable_variables)
-        for variable, value in zip(
-            _flat(self._window()), _flat(fresh)
-        ):
+        for variable, value in zip(_flat(self._window()), _flat(fresh)):
             variable.assign(value)
 
     def _common_apply(self, grads, trainable_variables, rows, masked_rows):
@@ -256,9 +250,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             "inner_optimizer": keras.saving.serialize_keras_object(
                 self.inner_optimizer
             ),
-            "steps_rule": keras.saving.serialize_keras_object(
-                self.steps_rule
-            ),
+            "steps_rule": keras.saving.serialize_keras_object(self.steps_rule),
         }
 
     @classmethod

@@ -1,157 +1,15 @@
-"""Sample filters for `keras_as_softmax.ASSpeed`: which samples to train on.
-
-A masked sample has AS-Softmax loss and gradient exactly 0, so running the
-forward and backward passes on it is wasted work. A filter decides, for
-each batch that `fit` draws, which samples go on to a training pass:
-
-* `SkipMasked` scores the batch with a forward pass in training mode and
-  keeps the samples that are not masked now. Exact: the masked samples'
-  gradient is 0 (up to dropout, which draws anew in the training pass).
-  With `score_training=False` it scores in inference mode: cheaper, and
-  no longer exact where dropout would unmask a sample.
-* `SkipMaskedLastSeen` leaves out, without any pass, the samples that were
-  masked when last seen, revisiting each with probability `revisit` and
-  weighting it `1 / revisit` so that the expected gradient is the full one
-  (InfoBatch's rescaling). An estimate: a sample that became hard again is
-  missed until it is revisited.
-* `InfoBatch` is the baseline it is measured against (Qin et al. 2024):
-  it leaves out, at random, samples whose loss when last seen was below
-  the mean, for any loss.
-* Both, in that order: `ASSpeed(model, sample_filter=[SkipMaskedLastSeen(n),
-  SkipMasked()])`. The samples the first keeps are scored by the second.
-
-The samples a filter keeps are queued in fixed-size buffers, and a
-training pass runs whenever a full batch of them is waiting, on exactly
-that many samples (Selective-Backprop's queue). Every shape is static, so
-filters compile under XLA and run on JAX. A filter is a policy: it holds
-its settings, and `ASSpeed` holds its state (queues, the last-seen memory)
-as non-trainable weights, saved with the model.
-
-Each filter trains on everything for its first `warmup_epochs` epochs
-(Selective-Backprop) and, with `anneal_fraction`, for the last part of
-training (InfoBatch trains on everything for its last 12.5% of epochs).
-"""
+"""The filters that leave samples out without a pass, from what the last
+pass that saw each sample recorded: `SkipMaskedLastSeen` and `InfoBatch`."""
 
 import keras
 from keras import ops
 
 from keras_as_softmax._validation import check_fraction
 from keras_as_softmax._validation import check_int
-from keras_as_softmax._validation import check_one_of
+from keras_as_softmax.filters.base import MemoryFilter
 
 
-class SampleFilter:
-    """Base class of the filters: the shared schedule and config."""
-
-    def __init__(self, warmup_epochs=1, anneal_fraction=0.0):
-        self.warmup_epochs = check_int(warmup_epochs, "warmup_epochs", 0)
-        self.anneal_fraction = check_fraction(
-            anneal_fraction, "anneal_fraction"
-        )
-
-    def active(self, epoch, epochs):
-        """Whether the filter skips anything in `epoch` (0-based) of
-        `epochs` (int32 tensors)."""
-        epochs = ops.cast(epochs, "float32")
-        last = epochs - ops.ceil(self.anneal_fraction * epochs)
-        epoch = ops.cast(epoch, "float32")
-        return ops.logical_and(epoch >= self.warmup_epochs, epoch < last)
-
-    def get_config(self):
-        return {
-            "warmup_epochs": self.warmup_epochs,
-            "anneal_fraction": self.anneal_fraction,
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
-
-    def __repr__(self):
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
-        return f"{type(self).__name__}({args})"
-
-
-@keras.saving.register_keras_serializable(package="keras_as_softmax")
-class SkipMasked(SampleFilter):
-    """Trains only on the samples that AS-Softmax masks *now*.
-
-    Each batch is first scored by a forward pass in training mode (dropout
-    on, moving statistics put back afterwards; or in inference mode, with
-    `score_training=False`); the samples with a nonzero loss are queued,
-    and a training pass runs on every full batch of them.
-    Scoring costs a forward pass, so it runs only while the masked share
-    of recent samples (an exponential moving average over batches) is at
-    least `min_masked_ratio`; below it, every sample goes to training as
-    in a plain step. The decision is taken inside the compiled step, from
-    counts the step keeps: training is deterministic for a seed.
-
-    The break-even share is where scoring a batch costs what it saves: if
-    a scoring pass costs `b` and a training pass `c`, scoring pays once
-    more than `b / c` of the samples are masked. A training pass is a
-    forward and a backward pass, the backward about two forwards, so the
-    default is a third. A model whose backward pass is relatively dearer
-    (frozen embeddings aside, most are near 2x) breaks even earlier.
-
-    Args:
-        min_masked_ratio: the masked share in [0, 1] of the recent samples
-            from which batches are scored. Defaults to `1 / 3`.
-        warmup_epochs: epochs trained on everything first. Defaults to `1`.
-        anneal_fraction: fraction of the epochs, at the end, trained on
-            everything. Defaults to `0.0`.
-        score_training: whether the scoring pass runs in training mode, as
-            the training pass does (`True`, the default: exact up to
-            dropout's draws). `False` scores in inference mode, which
-            saves dropout's random draws, about a third of a forward pass
-            on a CPU (MiniLM), but leaves out the samples that are masked
-            without dropout and not with it: their gradient is small, and
-            not 0.
-        score_margin: a scored sample is left out only when its target
-            leads by `delta + score_margin` (capped at 1): a margin against
-            dropout's noise, for `score_training=False` above all. The
-            samples in between go to training, where the training pass's
-            loss decides. Masked shares and AS-Speed's counts still use
-            `delta`. Defaults to `0.0`.
-
-    Example:
-
-    ```python
-    model = keras_as_softmax.ASSpeed(
-        base_model, sample_filter=keras_as_softmax.filters.SkipMasked()
-    )
-    ```
-    """
-
-    needs_sample_ids = False
-    scores = True
-
-    def __init__(
-        self,
-        min_masked_ratio=1 / 3,
-        warmup_epochs=1,
-        anneal_fraction=0.0,
-        score_training=True,
-        score_margin=0.0,
-    ):
-        super().__init__(warmup_epochs, anneal_fraction)
-        self.min_masked_ratio = check_fraction(
-            min_masked_ratio, "min_masked_ratio"
-        )
-        self.score_training = bool(
-            check_one_of(score_training, "score_training", (True, False))
-        )
-        self.score_margin = check_fraction(score_margin, "score_margin")
-
-    def get_config(self):
-        return {
-            "min_masked_ratio": self.min_masked_ratio,
-            **super().get_config(),
-            "score_training": self.score_training,
-            "score_margin": self.score_margin,
-        }
-
-
-class LastSeenFilter(SampleFilter):
+class LastSeenFilter(MemoryFilter):
     """Base class of the filters that leave samples out without a pass,
     from what the last pass that saw each sample recorded.
 
@@ -170,8 +28,7 @@ class LastSeenFilter(SampleFilter):
     `keras_as_softmax.filters.index_dataset` (a `tf.data.Dataset`).
     """
 
-    needs_sample_ids = True
-    scores = False
+    needs_draws = True
     # Name and initial value of the per-sample memory.
     memory_name = None
     memory_initial = 0.0
@@ -198,6 +55,28 @@ class LastSeenFilter(SampleFilter):
         )
         self.seed = None if seed is None else check_int(seed, "seed", 0)
 
+    def state_spec(self):
+        return {
+            self.memory_name: (
+                (self.num_samples,),
+                "float32",
+                self.memory_initial,
+            )
+        }
+
+    def select(self, view, state):
+        memory = state[self.memory_name]
+        remembered = ops.take(memory, view.ids, axis=0)
+        candidate = self.candidates(remembered, memory, view.epoch)
+        return self.revisit_some(candidate, view.draws)
+
+    def observe(self, seen, state):
+        memory = state[self.memory_name]
+        new = self.record(seen.sample_loss, seen.sample_masked, seen.epoch)
+        new = ops.where(seen.ran, new, ops.take(memory, seen.ids, axis=0))
+        ids = ops.expand_dims(seen.ids, -1)
+        return {self.memory_name: ops.scatter_update(memory, ids, new)}
+
     def record(self, sample_loss, sample_masked, epoch):
         """The memory value of samples that a pass just saw.
 
@@ -215,11 +94,7 @@ class LastSeenFilter(SampleFilter):
         from their `remembered` values and the whole `memory`."""
         raise NotImplementedError
 
-    def masked_when_seen(self, memory):
-        """float32 per sample: 1.0 where masked when last seen."""
-        raise NotImplementedError
-
-    def select(self, candidate, draws):
+    def revisit_some(self, candidate, draws):
         """Which rows to keep, and their weights.
 
         Args:
@@ -346,8 +221,8 @@ class SkipMaskedLastSeen(LastSeenFilter):
         age = ops.cast(epoch, "float32") + 1.0 - remembered
         return ops.logical_and(masked, age <= self.max_skipped_epochs)
 
-    def masked_when_seen(self, memory):
-        return ops.cast(memory > 0.5, "float32")
+    def masked_when_seen(self, state):
+        return ops.cast(state[self.memory_name] > 0.5, "float32")
 
     def get_config(self):
         return {
@@ -420,90 +295,8 @@ class InfoBatch(LastSeenFilter):
     def candidates(self, remembered, memory, epoch):
         return remembered < ops.mean(memory)
 
-    def masked_when_seen(self, memory):
-        return ops.cast(ops.equal(memory, 0.0), "float32")
+    def masked_when_seen(self, state):
+        return ops.cast(ops.equal(state[self.memory_name], 0.0), "float32")
 
     def get_config(self):
         return {"prune": self.prune, **super().get_config()}
-
-
-INPUTS_KEY = "inputs"
-SAMPLE_ID_KEY = "sample_id"
-
-
-def with_sample_ids(x, ids=None):
-    """Attaches sample ids to inputs `x` (arrays, a tuple or a dict).
-
-    Returns `{"inputs": x, "sample_id": ids}`, the form that
-    `ASSpeed` with `SkipMaskedLastSeen` trains on; `ids` default to
-    `0..n-1`. Prediction and evaluation take the plain `x` as well.
-    """
-    import numpy as np
-
-    first = keras.tree.flatten(x)[0]
-    n = len(first)
-    ids = np.arange(n, dtype="int32") if ids is None else np.asarray(ids)
-    return attach_sample_ids(x, ids.astype("int32"))
-
-
-def index_dataset(dataset):
-    """Attaches each element's position to an *unbatched* `tf.data.Dataset`
-    of `(x, y)` or `(x, y, sample_weight)` elements.
-
-    Call it before `shuffle` and `batch`, so that a sample keeps its id
-    across epochs:
-
-    ```python
-    data = keras_as_softmax.filters.index_dataset(
-        tf.data.Dataset.from_tensor_slices((x, y))
-    ).shuffle(n).batch(32)
-    ```
-    """
-
-    import tensorflow as tf  # tf.data runs TensorFlow ops on every backend
-
-    def attach(index, element):
-        x, *rest = element
-        return (attach_sample_ids(x, tf.cast(index, tf.int32)), *rest)
-
-    return dataset.enumerate().map(attach)
-
-
-def attach_sample_ids(x, ids):
-    """`{"inputs": x, "sample_id": ids}` for tensors of one batch."""
-    return {INPUTS_KEY: x, SAMPLE_ID_KEY: ids}
-
-
-def split_sample_ids(x):
-    """`(inputs, ids)` from inputs made by `with_sample_ids`, else
-    `(x, None)`."""
-    if isinstance(x, dict) and set(x) == {INPUTS_KEY, SAMPLE_ID_KEY}:
-        return x[INPUTS_KEY], x[SAMPLE_ID_KEY]
-    return x, None
-
-
-def as_list(sample_filter):
-    """The filters as a list (`None` gives `[]`), checked."""
-    if sample_filter is None:
-        return []
-    filters = (
-        list(sample_filter)
-        if isinstance(sample_filter, (list, tuple))
-        else [sample_filter]
-    )
-    for f in filters:
-        if not isinstance(f, SampleFilter):
-            raise ValueError(
-                "Expected `sample_filter` to be a keras_as_softmax.filters "
-                "SkipMasked, SkipMaskedLastSeen or InfoBatch, or a list of "
-                f"them. Received: {f!r}"
-            )
-    last_seen = [isinstance(f, LastSeenFilter) for f in filters]
-    if len(filters) > 2 or (len(filters) == 2 and last_seen != [True, False]):
-        raise ValueError(
-            "Expected at most two filters: a last-seen filter first "
-            "(SkipMaskedLastSeen or InfoBatch), then SkipMasked, as in "
-            "[SkipMaskedLastSeen(n), SkipMasked()]. "
-            f"Received: sample_filter={filters!r}"
-        )
-    return filters

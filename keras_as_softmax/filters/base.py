@@ -1,0 +1,164 @@
+"""The sample-filter plug-in protocol of `ASSpeed`'s filtered step.
+
+A filter decides, for the rows of a drawn batch, which go on to a training
+pass and with what weight. It declares what it needs and owns its state;
+the filtered step (`keras_as_softmax.training._filtering`) loops over the
+filters without knowing their types:
+
+* `scores`: whether it decides from a scoring pass (a forward pass over the
+  batch before training, `ScoringFilter`), or without a pass from what it
+  remembers of each sample (`MemoryFilter`).
+* `needs_sample_ids` and `needs_draws`: the inputs it reads besides the
+  scores: sample ids (`with_sample_ids`, `index_dataset`) and uniform
+  draws that are a function of its `seed` and of the batch's index in
+  training, so a run is repeatable and a resumed run draws the same.
+* `state_spec()`: its state, `{name: (shape, dtype, initial value)}`.
+  `ASSpeed` holds it as non-trainable weights (saved with the model,
+  carried through JAX's pure step) and passes it as a dict of tensors.
+* `select(view, state)`: the one deciding method: `(keep, weight)`, bool
+  and float32 per sample.
+* `observe(seen, state)`: the new state after a pass saw some samples.
+
+Every method is written in `keras.ops` on static shapes, so a filter runs
+inside one compiled step on every backend.
+"""
+
+from typing import NamedTuple
+
+from keras import ops
+
+from keras_as_softmax._validation import check_fraction
+from keras_as_softmax._validation import check_int
+
+
+class View(NamedTuple):
+    """What a filter sees of the samples it decides on (each `[batch]`).
+
+    Attributes:
+        ids: int32 sample ids (zeros without them).
+        draws: float32 uniform draws in [0, 1) (`None` unless
+            `needs_draws`).
+        epoch, epochs: int32 scalars, the running epoch (0-based) of
+            `fit` and its number of epochs.
+        sample_loss: float32, each sample's mean loss over its counted rows
+            (scoring filters only; else `None`).
+        sample_masked: float32, 1.0 where all counted rows of the sample
+            have loss exactly 0 (scoring filters only).
+        counted: float32, 1.0 where the sample has a counted row (scoring
+            filters only).
+        masked_with_margin: a function of a margin, the `sample_masked` of
+            the same AS loss with `delta + margin` (scoring filters only).
+    """
+
+    ids: object
+    draws: object
+    epoch: object
+    epochs: object
+    sample_loss: object = None
+    sample_masked: object = None
+    counted: object = None
+    masked_with_margin: object = None
+
+
+class Seen(NamedTuple):
+    """What a pass saw, for `observe`.
+
+    Attributes:
+        ids: int32 `[batch]` sample ids of the pass's rows.
+        ran: bool `[batch]`, the rows the pass ran on.
+        sample_loss, sample_masked: float32 `[batch]`, as in `View`.
+        rows, masked_rows: float32 scalars, counted and masked rows the
+            pass saw for the first time in this step.
+        epoch: int32 scalar.
+    """
+
+    ids: object
+    ran: object
+    sample_loss: object
+    sample_masked: object
+    rows: object
+    masked_rows: object
+    epoch: object
+
+
+class SampleFilter:
+    """Base class of the filters: the schedule, the config, the protocol.
+
+    Args:
+        warmup_epochs: epochs trained on everything first. Defaults to `1`.
+        anneal_fraction: fraction of the epochs, at the end, trained on
+            everything. Defaults to `0.0`.
+    """
+
+    scores = False
+    needs_sample_ids = False
+    needs_draws = False
+    seed = None
+
+    def __init__(self, warmup_epochs=1, anneal_fraction=0.0):
+        self.warmup_epochs = check_int(warmup_epochs, "warmup_epochs", 0)
+        self.anneal_fraction = check_fraction(
+            anneal_fraction, "anneal_fraction"
+        )
+
+    def active(self, epoch, epochs):
+        """Whether the filter skips anything in `epoch` (0-based) of
+        `epochs` (int32 tensors)."""
+        epochs = ops.cast(epochs, "float32")
+        last = epochs - ops.ceil(self.anneal_fraction * epochs)
+        epoch = ops.cast(epoch, "float32")
+        return ops.logical_and(epoch >= self.warmup_epochs, epoch < last)
+
+    def state_spec(self):
+        """`{name: (shape, dtype, initial value)}` of the filter's state."""
+        return {}
+
+    def select(self, view, state):
+        """`(keep, weight)`: bool and float32 `[batch]`. A kept sample's
+        loss is multiplied by its weight in the training pass."""
+        raise NotImplementedError
+
+    def observe(self, seen, state):
+        """The state after a pass saw `seen` (a `Seen`)."""
+        return state
+
+    def get_config(self):
+        return {
+            "warmup_epochs": self.warmup_epochs,
+            "anneal_fraction": self.anneal_fraction,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
+
+
+class ScoringFilter(SampleFilter):
+    """A filter that decides from a scoring pass: a forward pass over the
+    batch, in training mode unless `score_training` is False.
+
+    `should_score(state)` says whether a batch is worth the pass (by
+    default always); a batch that is not scored goes to training whole.
+    """
+
+    scores = True
+    score_training = True
+
+    def should_score(self, state):
+        """bool scalar: whether to score the next batch."""
+        return ops.convert_to_tensor(True)
+
+
+class MemoryFilter(SampleFilter):
+    """A filter that decides without a pass, from what it remembers of
+    each sample (its state holds one value per sample id)."""
+
+    needs_sample_ids = True
+
+    def masked_when_seen(self, state):
+        """float32 per sample: 1.0 where masked when last seen."""
+        raise NotImplementedError

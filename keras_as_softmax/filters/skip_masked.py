@@ -1,0 +1,106 @@
+"""`SkipMasked`: train only on the samples AS-Softmax masks *now*."""
+
+import keras
+from keras import ops
+
+from keras_as_softmax._validation import check_fraction
+from keras_as_softmax._validation import check_one_of
+from keras_as_softmax.filters.base import ScoringFilter
+
+# Weight of the newest pass in the moving masked share.
+_EMA = 0.1
+
+
+@keras.saving.register_keras_serializable(package="keras_as_softmax")
+class SkipMasked(ScoringFilter):
+    """Trains only on the samples that AS-Softmax masks *now*.
+
+    Each batch is first scored by a forward pass in training mode (dropout
+    on, moving statistics put back afterwards; or in inference mode, with
+    `score_training=False`); the samples with a nonzero loss are queued,
+    and a training pass runs on every full batch of them. Exact: a masked
+    sample's loss and gradient are 0 (up to dropout, which draws anew in
+    the training pass).
+
+    Scoring costs a forward pass, so it runs only while the masked share
+    of recent samples (an exponential moving average over passes) is at
+    least `min_masked_ratio`; below it, every sample goes to training as
+    in a plain step. The decision is taken inside the compiled step, from
+    counts the step keeps: training is deterministic for a seed.
+
+    The break-even share is where scoring a batch costs what it saves: if
+    a scoring pass costs `b` and a training pass `c`, scoring pays once
+    more than `b / c` of the samples are masked. A training pass is a
+    forward and a backward pass, the backward about two forwards, so the
+    default is a third.
+
+    Args:
+        min_masked_ratio: the masked share in [0, 1] of the recent samples
+            from which batches are scored. Defaults to `1 / 3`.
+        warmup_epochs: epochs trained on everything first. Defaults to `1`.
+        anneal_fraction: fraction of the epochs, at the end, trained on
+            everything. Defaults to `0.0`.
+        score_training: whether the scoring pass runs in training mode, as
+            the training pass does (`True`, the default: exact up to
+            dropout's draws). `False` scores in inference mode, which
+            saves dropout's random draws, but leaves out the samples that
+            are masked without dropout and not with it: their gradient is
+            small, and not 0.
+        score_margin: a scored sample is left out only when its target
+            leads by `delta + score_margin` (capped at 1): a margin against
+            dropout's noise, for `score_training=False` above all. The
+            samples in between go to training, where the training pass's
+            loss decides. Masked shares and AS-Speed's counts still use
+            `delta`. Defaults to `0.0`.
+
+    Example:
+
+    ```python
+    model = keras_as_softmax.ASSpeed(
+        base_model, sample_filter=keras_as_softmax.filters.SkipMasked()
+    )
+    ```
+    """
+
+    def __init__(
+        self,
+        min_masked_ratio=1 / 3,
+        warmup_epochs=1,
+        anneal_fraction=0.0,
+        score_training=True,
+        score_margin=0.0,
+    ):
+        super().__init__(warmup_epochs, anneal_fraction)
+        self.min_masked_ratio = check_fraction(
+            min_masked_ratio, "min_masked_ratio"
+        )
+        self.score_training = bool(
+            check_one_of(score_training, "score_training", (True, False))
+        )
+        self.score_margin = check_fraction(score_margin, "score_margin")
+
+    def state_spec(self):
+        return {"masked_share": ((), "float32", 0.0)}
+
+    def should_score(self, state):
+        return state["masked_share"] >= self.min_masked_ratio
+
+    def select(self, view, state):
+        masked = view.sample_masked
+        if self.score_margin:
+            masked = view.masked_with_margin(self.score_margin)
+        return masked < 0.5, ops.ones_like(masked)
+
+    def observe(self, seen, state):
+        share = state["masked_share"]
+        new = seen.masked_rows / ops.maximum(seen.rows, 1.0)
+        share = ops.where(seen.rows > 0, (1 - _EMA) * share + _EMA * new, share)
+        return {"masked_share": share}
+
+    def get_config(self):
+        return {
+            "min_masked_ratio": self.min_masked_ratio,
+            **super().get_config(),
+            "score_training": self.score_training,
+            "score_margin": self.score_margin,
+        }
