@@ -1,9 +1,13 @@
-"""The accumulation core, without a model."""
+"""The accumulation core and the accumulating optimizer, without a model."""
 
+import keras
 import numpy as np
+import pytest
 from keras import ops
 
+import keras_as_softmax as kas
 from keras_as_softmax.training import accumulation
+from tests.backend_utils import BACKEND
 
 
 def numpy(state):
@@ -47,14 +51,15 @@ def test_finish_window_takes_the_mean_and_follows_the_rule():
     state = accumulation.init([np.zeros(2, "float32")], steps=2)
     state = accumulation.add(state, [np.array([2.0, 4.0], "float32")], 10, 9)
     state = accumulation.add(state, [np.array([4.0, 0.0], "float32")], 10, 9)
-    mean, fresh = accumulation.finish_window(state, lam=0.5, max_steps=4)
+    rule = kas.AdaptiveSteps(lam=0.5, max_steps=4)
+    mean, fresh = accumulation.finish_window(state, rule)
     np.testing.assert_allclose(ops.convert_to_numpy(mean[0]), [3.0, 2.0])
     grads, counts = numpy(fresh)
     np.testing.assert_array_equal(grads[0], 0.0)
     # 0.5 * 20 / 2 = 5 > 2: grows by one.
     assert counts == [0.0, 0.0, 0.0, 3.0]
     # Several replicas: the optimizer adds their means up again.
-    mean, _ = accumulation.finish_window(state, 0.5, 4, divisor=2)
+    mean, _ = accumulation.finish_window(state, rule, divisor=2)
     np.testing.assert_allclose(ops.convert_to_numpy(mean[0]), [1.5, 1.0])
 
 
@@ -66,3 +71,89 @@ def test_rule_never_decreases_grows_by_one_and_stops_at_the_cap():
     assert value(4, 10.0, 10.0, 0.5, 4) == 4  # all masked, at the cap
     assert value(2, 0.0, 0.0, 0.5, 4) == 2  # nothing counted: unchanged
     assert value(1, 10.0, 10.0, 0.5, 4) == 2  # all masked proposes growth
+
+
+def test_rules_are_plug_ins():
+    assert accumulation.as_rule(3).initial_steps == 3
+    assert int(accumulation.as_rule(3)(3, 10.0, 10.0)) == 3
+    adaptive = kas.AdaptiveSteps(0.5, 4)
+    assert int(ops.convert_to_numpy(adaptive(1, 10.0, 9.0))) == 2
+    assert kas.AdaptiveSteps.from_config(adaptive.get_config()).lam == 0.5
+    with pytest.raises(ValueError, match="steps_rule.*'four'"):
+        accumulation.as_rule("four")
+    with pytest.raises(ValueError, match="steps"):
+        accumulation.as_rule(0)
+    with pytest.raises(ValueError, match="lam"):
+        kas.AdaptiveSteps(lam=0.0)
+
+
+# ------------------------------------------------- the accumulating optimizer
+
+
+def window_run(rule, grads, counts, stateless):
+    """Applies `grads` (one list per micro-batch) with SGD(1) under an
+    `AccumulatingOptimizer(rule)`: the variable's values after each call,
+    and the optimizer's iterations and window length at the end."""
+    variable = keras.Variable(np.zeros(2, "float32"))
+    optimizer = kas.AccumulatingOptimizer(
+        keras.optimizers.SGD(1.0), steps_rule=rule
+    )
+    optimizer.build([variable])
+    values = []
+    for g, (rows, masked) in zip(grads, counts):
+        g = [np.asarray(g, "float32")]
+        if stateless:
+            new, state = optimizer.stateless_apply(
+                [v.value for v in optimizer.variables],
+                g,
+                [variable.value],
+                rows=rows,
+                masked_rows=masked,
+            )
+            variable.assign(new[0])
+            for v, value in zip(optimizer.variables, state):
+                v.assign(value)
+        else:
+            optimizer.apply(g, [variable], rows=rows, masked_rows=masked)
+        values.append(ops.convert_to_numpy(variable).tolist())
+    steps = int(ops.convert_to_numpy(optimizer.accumulation_steps))
+    return values, int(ops.convert_to_numpy(optimizer.iterations)), steps
+
+
+@pytest.mark.parametrize("stateless", [False, True])
+def test_optimizer_applies_the_window_mean_when_due(stateless):
+    if stateless and BACKEND != "jax":
+        pytest.skip("stateless_apply serves JAX's pure steps")
+    grads = [[2.0, 0.0], [4.0, 2.0], [1.0, 1.0], [3.0, 3.0]]
+    counts = [(10, 0)] * 4
+    values, iterations, steps = window_run(2, grads, counts, stateless)
+    # Two micro-batches per update: the mean of each pair, applied once.
+    assert values == [[0, 0], [-3, -1], [-3, -1], [-5, -3]]
+    assert iterations == 2 and steps == 2
+
+
+@pytest.mark.parametrize("stateless", [False, True])
+def test_optimizer_follows_the_paper_rule(stateless):
+    if stateless and BACKEND != "jax":
+        pytest.skip("stateless_apply serves JAX's pure steps")
+    # Every row masked: the window grows by one per update, up to the cap.
+    rule = kas.AdaptiveSteps(lam=0.5, max_steps=3)
+    grads = [[1.0, 1.0]] * 6
+    values, iterations, steps = window_run(rule, grads, [(8, 8)] * 6, stateless)
+    # Windows of 1, 2 and 3 micro-batches.
+    assert [v[0] for v in values] == [-1, -1, -2, -2, -2, -3]
+    assert iterations == 3 and steps == 3
+
+
+def test_optimizer_round_trips_and_forwards_to_the_inner():
+    inner = keras.optimizers.AdamW(learning_rate=0.01)
+    optimizer = kas.AccumulatingOptimizer(inner, kas.AdaptiveSteps(1.0, 2))
+    assert float(ops.convert_to_numpy(optimizer.learning_rate)) == (
+        pytest.approx(0.01)
+    )
+    config = keras.saving.serialize_keras_object(optimizer)
+    restored = keras.saving.deserialize_keras_object(config)
+    assert isinstance(restored.inner_optimizer, keras.optimizers.AdamW)
+    assert restored.steps_rule.get_config() == {"lam": 1.0, "max_steps": 2}
+    with pytest.raises(ValueError, match="inner_optimizer"):
+        kas.AccumulatingOptimizer("adam")

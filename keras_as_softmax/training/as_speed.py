@@ -168,6 +168,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 name="scored_fraction"
             )
         self._filter_spec = None
+        self._start_steps = None
         if model.built:
             self._create_state()
             self.built = True
@@ -382,6 +383,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     AdaptiveSteps(self.lam, self.max_steps),
                     name="accumulating_optimizer",
                 )
+            if self._start_steps is not None:
+                self._built_optimizer()
 
     def _strategy_scope(self):
         if _BACKEND == "tensorflow":
@@ -393,13 +396,26 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         """Whether the scoring pass runs in training mode."""
         return self._scoring_filter.score_training
 
+    def _built_optimizer(self):
+        """The compiled `AccumulatingOptimizer`, built (or `None` before
+        `compile()` or before the model has weights)."""
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is None or not self.trainable_variables:
+            return None
+        if not optimizer.built:
+            with self._strategy_scope():
+                optimizer.build(self.trainable_variables)
+            if self._start_steps is not None:
+                optimizer.accumulation_steps.assign(self._start_steps)
+        return optimizer
+
     @property
     def accumulation_steps(self):
         """The current number of micro-batches per optimizer update (int)."""
-        self._check_compiled()
-        return int(
-            ops.convert_to_numpy(self.optimizer.accumulation_steps.value)
-        )
+        optimizer = self._built_optimizer()
+        if optimizer is None:
+            return self._start_steps or 1
+        return int(ops.convert_to_numpy(optimizer.accumulation_steps.value))
 
     @accumulation_steps.setter
     def accumulation_steps(self, value):
@@ -412,7 +428,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "Expected `accumulation_steps` to be an int in "
                 f"[1, {self.max_steps}] (max_steps). Received: {value!r}"
             )
-        self.optimizer.accumulation_steps.assign(value)
+        self._start_steps = value
+        optimizer = self._built_optimizer()
+        if optimizer is not None:
+            optimizer.accumulation_steps.assign(value)
 
     @property
     def last_seen_masked_fraction(self):

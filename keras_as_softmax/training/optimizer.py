@@ -163,8 +163,23 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
-        if keras.backend.backend() == "tensorflow":
+        backend = keras.backend.backend()
+        if backend == "tensorflow":
             self._tf_apply(grads, trainable_variables, rows, masked_rows)
+        elif backend == "jax":
+            # Branches of `jax.lax.cond` cannot assign: run the pure form.
+            variables = trainable_variables or self._trainable_variables
+            new_variables, new_state = self.stateless_apply(
+                [v.value for v in self.variables],
+                grads,
+                [v.value for v in variables],
+                rows=rows,
+                masked_rows=masked_rows,
+            )
+            for variable, value in zip(variables, new_variables):
+                variable.assign(value)
+            for variable, value in zip(self.variables, new_state):
+                variable.assign(value)
         else:
             self._common_apply(grads, trainable_variables, rows, masked_rows)
 
