@@ -739,3 +739,161 @@ def test_bad_input():
     )
     with pytest.raises(ValueError, match="reduction"):
         wrapped.fit(x, y, batch_size=8, verbose=0)
+
+
+# ------------------------------------------- selective backprop, one program
+
+
+def test_selective_backprop_keeps_its_share_drawn_by_loss_rank():
+    f = filters.SelectiveBackprop(keep=0.25)
+    loss = np.arange(16, dtype="float32")  # each sample's rank is its loss
+    rng = np.random.default_rng(0)
+    kept = np.zeros(16)
+    for _ in range(300):
+        view = filters.base.View(
+            np.arange(16, dtype="int32"),
+            rng.uniform(size=16).astype("float32"),
+            np.int32(1),
+            np.int32(2),
+            sample_loss=loss,
+        )
+        keep, weight = f.select(view, {})
+        keep = ops.convert_to_numpy(keep)
+        assert keep.sum() == 4  # a fixed share of the batch
+        np.testing.assert_allclose(ops.convert_to_numpy(weight), 4.0)
+        kept += keep
+    # Drawn with probability rising with the loss's rank (as q ** 3).
+    assert kept[-1] > kept[12] > kept[8] > kept[2]
+    assert kept[:4].sum() < 0.05 * kept.sum()
+
+
+@pytest.mark.parametrize("jit_compile", JIT)
+def test_selective_backprop_trains_its_share_of_any_loss(jit_compile):
+    x, y = sentence_data()
+    f = filters.SelectiveBackprop(keep=0.5, seed=3)
+    wrapped = kas.ASSpeed(small_model(), max_steps=1, sample_filter=f)
+    wrapped.compile(
+        optimizer=keras.optimizers.Adam(0.03),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        jit_compile=jit_compile,
+    )
+    logs = wrapped.fit(x, y, batch_size=8, epochs=3, verbose=0).history
+    assert logs["trained_fraction"] == [1.0, 0.5, 0.5]
+    assert logs["scored_fraction"] == [0.0, 1.0, 1.0]
+    assert logs["accum_steps"][-1] == 1
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["skip", "pair"])
+def test_default_filters_train_the_same_weights_every_time(pair):
+    """No decision reads the clock: three seeded fits with the default
+    filters end with the same weights."""
+    x, y = sentence_data(128)
+    weights, trained = [], []
+    for _ in range(3):
+        keras.utils.set_random_seed(4)
+        chosen = filters.SkipMasked()
+        if pair:
+            chosen = [filters.SkipMaskedLastSeen(128), chosen]
+        wrapped = kas.ASSpeed(small_model(), sample_filter=chosen)
+        wrapped.compile(
+            optimizer=keras.optimizers.Adam(0.05),
+            loss=kas.ASSoftmaxLoss(0.3),
+            jit_compile=JIT[0],
+        )
+        inputs = filters.with_sample_ids(x) if pair else x
+        logs = wrapped.fit(inputs, y, batch_size=8, epochs=5, verbose=0)
+        weights.append(wrapped.get_weights())
+        trained.append(logs.history["trained_fraction"][-1])
+    assert trained[0] < 1.0  # the filters skipped samples
+    assert trained[0] == trained[1] == trained[2]
+    for other in weights[1:]:
+        for a, b in zip(weights[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_training_logs_cover_the_drawn_batches():
+    """With a scoring pass, the training loss and accuracy are those of
+    the drawn batches, as a plain step's are, not of the hard samples that
+    a training pass ran on."""
+    x, y, _ = two_batches()
+    wrapped = kas.ASSpeed(
+        identity_model(),
+        sample_filter=filters.SkipMasked(0.0, warmup_epochs=0),
+    )
+    wrapped.compile(
+        optimizer=keras.optimizers.SGD(0.0),
+        loss=kas.ASSoftmaxLoss(0.3),
+        metrics=["accuracy"],
+        jit_compile=JIT[0],
+    )
+    logs = wrapped.fit(x, y, batch_size=4, epochs=1, verbose=0).history
+    assert logs["trained_fraction"] == [0.5]
+    evaluated = wrapped.evaluate(
+        x, y, batch_size=4, verbose=0, return_dict=True
+    )
+    assert logs["accuracy"][0] == pytest.approx(evaluated["accuracy"])
+    assert logs["loss"][0] == pytest.approx(evaluated["loss"], rel=1e-5)
+    # Evaluation runs no training pass: it reports no training shares.
+    assert "trained_fraction" not in evaluated
+    assert "scored_fraction" not in evaluated
+
+
+def _one_program_filters():
+    return {
+        "none": lambda n: None,
+        "skip": lambda n: filters.SkipMasked(0.0),
+        "pair": lambda n: [
+            filters.SkipMaskedLastSeen(n, seed=0),
+            filters.SkipMasked(0.0),
+        ],
+        "selective": lambda n: filters.SelectiveBackprop(seed=0),
+    }
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's pure train step")
+@pytest.mark.parametrize("name", list(_one_program_filters()))
+def test_a_step_reads_no_device_value_on_the_host(monkeypatch, name):
+    """Each drawn batch is one compiled program that the host dispatches
+    without reading a device value: every read of a `jax.Array` on the
+    host (`float`, `bool`, `np.asarray`, `.item()`) goes through
+    `ArrayImpl._value`, which raises here while the steps run."""
+    import jax
+    from jax._src import array as jax_array
+
+    n = 64
+    x, y = sentence_data(n)
+    wrapped = kas.ASSpeed(
+        small_model(), sample_filter=_one_program_filters()[name](n)
+    )
+    wrapped.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=kas.ASSoftmaxLoss(0.3),
+        jit_compile=True,
+    )
+    inputs = filters.with_sample_ids(x) if name == "pair" else x
+    wrapped.fit(inputs, y, batch_size=8, epochs=2, verbose=0)
+    state = wrapped._get_jax_state(
+        trainable_variables=True,
+        non_trainable_variables=True,
+        optimizer_variables=True,
+        metrics_variables=True,
+    )
+    batches = [
+        jax.device_put(
+            (keras.tree.map_structure(lambda a, i=i: a[i : i + 8], inputs),)
+            + (y[i : i + 8],)
+        )
+        for i in range(0, n, 8)
+    ]
+
+    def read(array):
+        raise AssertionError("a train step read a device value on the host")
+
+    monkeypatch.setattr(jax_array.ArrayImpl, "_value", property(read))
+    for batch in batches:
+        logs, state = wrapped.train_function(state, iter([batch]))
+    monkeypatch.undo()
+    if name != "none":
+        assert float(logs["scored_fraction"]) > 0.0
+    assert np.isfinite(float(logs["loss"]))
