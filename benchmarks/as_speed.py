@@ -46,8 +46,7 @@ python benchmarks/as_speed.py --methods \
 A variant's settings are `lam`, `max_steps` and `revisit`, or any
 argument of the method's filters (`anneal_fraction`, `warmup_epochs`,
 `max_skipped_fraction`, `min_masked_ratio`, `prune`, `score_margin`,
-`score_training` as `true` or `false`, `score_precision` as `bfloat16`
-(JAX)), for one filter
+`score_training` as `true` or `false`, `keep`), for one filter
 alone with the prefix `last_seen.` or `skip_masked.`
 (`as_skip_hybrid/last_seen.anneal_fraction=0.125`); the variant is
 reported under its full name.
@@ -138,8 +137,6 @@ def parse_method(spec):
             value = int(value)
         elif argument == "score_training":
             value = {"true": True, "false": False}[value.lower()]
-        elif argument == "score_precision":
-            value = None if value.lower() == "none" else value
         else:
             value = float(value)
         target = run_settings if key in RUN_SETTINGS else filter_options
@@ -226,7 +223,6 @@ def main(argv=None):
                 f"batches/epoch {r.batches_per_epoch} "
                 f"s/epoch {[round(t, 1) for t in r.epoch_times]} "
                 f"{per_epoch('trained', r.trained_fraction)}"
-                f"{per_epoch('break-even', r.break_even)}"
                 f"{slowest}"
                 f"[{time.perf_counter() - t:.0f}s]",
                 flush=True,

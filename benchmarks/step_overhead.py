@@ -31,9 +31,7 @@ python benchmarks/step_overhead.py --quick     # smoke run
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -43,6 +41,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_as_softmax as kas  # noqa: E402
+from benchmarks._interleaved import print_table  # noqa: E402
+from benchmarks._interleaved import time_epochs  # noqa: E402
 
 VARIANTS = ("keras", "as_speed", "skip_masked", "pair", "selective_backprop")
 
@@ -102,60 +102,33 @@ def make_model(variant, n, args):
 
 def main(argv=None):
     args = parse_args(argv)
-    variants = args.variants.split(",")
     x, y = make_data(args.samples)
     steps = args.samples // args.batch_size
-    models, inputs = {}, {}
-    for variant in variants:
-        models[variant] = make_model(variant, args.samples, args)
-        needs_ids = variant == "pair"
-        inputs[variant] = kas.filters.with_sample_ids(x) if needs_ids else x
-    epoch = {v: 0 for v in variants}
-    last_logs = {}
+    fits = {}
+    for variant in args.variants.split(","):
+        model = make_model(variant, args.samples, args)
+        inputs = kas.filters.with_sample_ids(x) if variant == "pair" else x
 
-    def run(variant):
-        start = time.perf_counter()
-        history = models[variant].fit(
-            inputs[variant],
-            y,
-            batch_size=args.batch_size,
-            initial_epoch=epoch[variant],
-            epochs=epoch[variant] + 1,
-            shuffle=True,
-            verbose=0,
-        )
-        elapsed = time.perf_counter() - start
-        epoch[variant] += 1
-        last_logs[variant] = {k: v[-1] for k, v in history.history.items()}
-        return elapsed / steps
+        def fit(epoch, model=model, inputs=inputs):
+            history = model.fit(
+                inputs,
+                y,
+                batch_size=args.batch_size,
+                initial_epoch=epoch,
+                epochs=epoch + 1,
+                shuffle=True,
+                verbose=0,
+            )
+            return {k: v[-1] for k, v in history.history.items()}
 
-    for variant in variants:
-        for _ in range(args.warmup):
-            run(variant)
-    times = {v: [] for v in variants}
-    for _ in range(args.rounds):
-        for variant in variants:
-            times[variant].append(run(variant))
-
+        fits[variant] = fit
+    seconds, logs = time_epochs(fits, args.warmup, args.rounds)
     print(
         f"backend={keras.backend.backend()} samples={args.samples} "
         f"batch={args.batch_size} warmup={args.warmup} rounds={args.rounds} "
         f"steps_per_execution={args.steps_per_execution}"
     )
-    reference = statistics.median(times[variants[0]])
-    print(
-        f"{'variant':<20}{'ms/step':>9}{'ratio':>8}"
-        f"{'trained':>9}{'scored':>8}{'masked':>8}"
-    )
-    for variant in variants:
-        median = statistics.median(times[variant])
-        logs = last_logs[variant]
-        print(
-            f"{variant:<20}{1e3 * median:>9.3f}{median / reference:>7.2f}x"
-            f"{logs.get('trained_fraction', 1.0):>9.2f}"
-            f"{logs.get('scored_fraction', 0.0):>8.2f}"
-            f"{logs.get('masked_ratio', float('nan')):>8.2f}"
-        )
+    print_table(seconds, logs, steps, reference=next(iter(fits)))
 
 
 if __name__ == "__main__":

@@ -367,7 +367,8 @@ def test_mixed_precision_trains_without_nan(policy):
     )
     if policy == "mixed_float16":
         assert isinstance(
-            wrapped.optimizer, keras.optimizers.LossScaleOptimizer
+            wrapped.optimizer.inner_optimizer,
+            keras.optimizers.LossScaleOptimizer,
         )
     history = wrapped.fit(x, y, batch_size=8, epochs=3, verbose=0)
     assert np.all(np.isfinite(history.history["loss"]))
@@ -676,7 +677,7 @@ def train(strategy):
     per_replica = [
         int(v.numpy())
         for v in strategy.experimental_local_results(
-            model._accumulation.steps.value
+            model.optimizer.accumulation_steps.value
         )
     ]
     return model, steps, history.history, per_replica
@@ -709,7 +710,11 @@ def filtered(strategy, make_filter, jit_compile, batch=8):
         ).history
     except ValueError as error:
         return str(error)
-    memory = getattr(model, "_memory", None)
+    memory = next(
+        (v for states in model._filter_states for k, v in states.items()
+         if k.startswith("last_seen")),
+        None,
+    )
     return {
         "weights": [w.tolist() for w in model.inner_model.get_weights()],
         "trained": hist["trained_fraction"],
@@ -932,7 +937,9 @@ def train(sample_filter, ids):
     ).history
     if not ids:
         return model.get_weights(), hist, None
-    memory = keras.ops.convert_to_numpy(model._memory).tolist()
+    memory = keras.ops.convert_to_numpy(
+        model._filter_states[0]["last_seen_masked"]
+    ).tolist()
     return model.get_weights(), hist, memory
 
 cases = {

@@ -83,34 +83,6 @@ WINDOW_RESET_COST = SCRIPT.parent / "window_reset_cost.py"
 
 
 @pytest.mark.multibackend
-def test_window_reset_cost_quick_prints_each_variant():
-    backend = keras.backend.backend()
-    if backend not in ("tensorflow", "jax"):
-        pytest.skip(
-            f"window_reset_cost.py runs on tensorflow or jax, not {backend}"
-        )
-    out = run_quick(WINDOW_RESET_COST, backend, timeout=300)
-    variants = {
-        "tensorflow": (
-            "update and reset in one XLA function",
-            "update in XLA, reset as graph ops after",
-        ),
-        "jax": (
-            "update and reset in one program",
-            "update, then the reset in a program of its own",
-        ),
-    }[backend]
-    for variant in (*variants, "update alone"):
-        row = [line for line in out.splitlines() if variant in line]
-        assert len(row) == 1 and float(row[0].split()[-1]) >= 0, out
-
-
-PAPER_TABLES = SCRIPT.parent / "paper_tables.py"
-# Every method row runs in the scratch tasks; one fine-tuning task (tiny
-# random BERT) covers that regime.
-SMOKE_TASKS = "multiclass_scratch,multilabel_scratch,token_scratch,token"
-
-
 def _load_paper_tables():
     import importlib.util
 

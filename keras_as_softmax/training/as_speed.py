@@ -386,6 +386,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             if self._start_steps is not None:
                 self._built_optimizer()
 
+    def compile_from_config(self, config):
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            self._built_optimizer()
+
     def _strategy_scope(self):
         if _BACKEND == "tensorflow":
             return self.distribute_strategy.scope()

@@ -67,6 +67,7 @@ class Method:
     skip_masked: bool = False
     skip_stale: bool = False
     infobatch: bool = False
+    selective_backprop: bool = False
     baseline: str | None = None
 
     @property
@@ -111,6 +112,14 @@ METHODS = {
         "softmax + InfoBatch: below-mean-loss samples pruned with "
         "probability 0.5, kept ones weighted 2, all in the last 12.5%",
         infobatch=True,
+    ),
+    "softmax_selective_backprop": Method(
+        "softmax_selective_backprop",
+        False,
+        True,
+        "softmax + Selective-Backprop: half of each batch trained, drawn "
+        "by loss rank, kept ones weighted 2",
+        selective_backprop=True,
     ),
 }
 
@@ -326,6 +335,16 @@ def wrap_model(
         )
     if method.skip_masked:
         filter_args.append(("skip_masked", filters.SkipMasked, (), {}))
+    if method.selective_backprop:
+        filter_args.append(
+            (
+                "selective_backprop",
+                filters.SelectiveBackprop,
+                (),
+                {"seed": seed},
+            )
+        )
+        max_steps = 1  # a loss without masked rows: one batch per update
     sample_filter = []
     unused = set(options)
     for prefix, cls, args, kwargs in filter_args:

@@ -103,7 +103,6 @@ class _Recorder(keras.callbacks.Callback):
         self.masked_ratio, self.accum_steps = [], []
         self.evals, self.epoch_times, self.epoch_batches = [], [], []
         self.trained_fraction = []
-        self.break_even = []
         self.step_times = []  # (epoch, batch, seconds), the first step left out
         self.compile_time = 0.0
         self.train_time = 0.0  # cumulative, compile and evaluation excluded
@@ -147,9 +146,6 @@ class _Recorder(keras.callbacks.Callback):
         self.epoch_times.append(self._epoch_time)
         if logs and "trained_fraction" in logs:
             self.trained_fraction.append(float(logs["trained_fraction"]))
-        threshold = getattr(self.model, "_min_masked_ratio", None)
-        if threshold is not None:
-            self.break_even.append(float(ops.convert_to_numpy(threshold)))
         if not self.evals or self.evals[-1]["step"] != self.step:
             self._evaluate(epoch)
         if self.evals[-1]["epoch"] is None:
@@ -221,8 +217,6 @@ class RunResult:
         test_margins: `probability_margins` on the test set.
         trained_fraction: per epoch, the share of drawn samples that went
             through the training passes (the `"as_skip*"` methods).
-        break_even: per epoch, at its end, the masked share from which
-            `SkipMasked` scores (measured, or its start value).
         step_times: `(epoch, batch, seconds)` of every training step but
             the first (epochs counted from 1).
         model: the trained model (not printed).
@@ -254,7 +248,6 @@ class RunResult:
     test_loss: float
     test_margins: np.ndarray = dataclasses.field(repr=False)
     trained_fraction: list = dataclasses.field(default_factory=list)
-    break_even: list = dataclasses.field(default_factory=list)
     step_times: list = dataclasses.field(default_factory=list, repr=False)
     model: object = dataclasses.field(default=None, repr=False)
     selected: dict | None = None
@@ -510,7 +503,6 @@ def run(
         test_loss=_loss_value(eval_loss, y_test, test_logits),
         test_margins=probability_margins(task, y_test, test_logits),
         trained_fraction=recorder.trained_fraction,
-        break_even=recorder.break_even,
         step_times=recorder.step_times,
         model=model if keep_model else None,
         selected=selected,

@@ -1,0 +1,59 @@
+"""The timing loop the speed benchmarks share: epochs of several models
+timed in turn, in one process, so that a stretch of machine load slows
+every model of a round alike."""
+
+import statistics
+import time
+
+
+def time_epochs(fits, warmup, rounds):
+    """Times one epoch of each model in turn, `rounds` times.
+
+    Args:
+        fits: `{name: fit}`, where `fit(epoch)` trains one more epoch
+            (`epoch`, 0-based, counts that model's epochs) and returns
+            that epoch's logs.
+        warmup: epochs each model trains first, untimed (compilation, a
+            filter's warm-up).
+        rounds: timed epochs of each model.
+
+    Returns:
+        `(seconds, logs)`: `{name: [seconds of each timed epoch]}` and
+        `{name: logs of its last epoch}`.
+    """
+    epoch = dict.fromkeys(fits, 0)
+    logs = {}
+
+    def run(name):
+        start = time.perf_counter()
+        logs[name] = fits[name](epoch[name])
+        epoch[name] += 1
+        return time.perf_counter() - start
+
+    for name in fits:
+        for _ in range(warmup):
+            run(name)
+    seconds = {name: [] for name in fits}
+    for _ in range(rounds):
+        for name in fits:
+            seconds[name].append(run(name))
+    return seconds, logs
+
+
+def print_table(seconds, logs, steps, reference):
+    """Per-step medians and their ratios to `reference`'s, with the
+    filters' shares of the last epoch."""
+    base = statistics.median(seconds[reference]) / steps
+    print(
+        f"{'variant':<28}{'ms/step':>9}{'ratio':>8}"
+        f"{'trained':>9}{'scored':>8}{'masked':>8}"
+    )
+    for name, times in seconds.items():
+        median = statistics.median(times) / steps
+        last = logs[name]
+        print(
+            f"{name:<28}{1e3 * median:>9.3f}{median / base:>7.2f}x"
+            f"{last.get('trained_fraction', 1.0):>9.2f}"
+            f"{last.get('scored_fraction', 0.0):>8.2f}"
+            f"{last.get('masked_ratio', float('nan')):>8.2f}"
+        )
