@@ -67,9 +67,28 @@ from benchmarks._interleaved import print_table  # noqa: E402
 from benchmarks._interleaved import time_epochs  # noqa: E402
 
 SHAPES = {
-    "minilm": dict(num_layers=6, hidden_dim=384, intermediate_dim=1536),
-    "bert_base": dict(num_layers=12, hidden_dim=768, intermediate_dim=3072),
+    "minilm": dict(
+        vocabulary_size=30522,
+        num_layers=6,
+        num_heads=12,
+        hidden_dim=384,
+        intermediate_dim=1536,
+    ),
+    "bert_base": dict(
+        vocabulary_size=30522,
+        num_layers=12,
+        num_heads=12,
+        hidden_dim=768,
+        intermediate_dim=3072,
+    ),
 }
+TINY = dict(
+    vocabulary_size=512,
+    num_layers=2,
+    num_heads=2,
+    hidden_dim=32,
+    intermediate_dim=64,
+)
 VARIANTS = ("softmax", "as_softmax", "as_speed", "skip_masked", "pair")
 FILTERED = ("skip_masked", "pair")
 CLASSES = 45
@@ -86,13 +105,12 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    args.vocabulary_size, args.num_heads = 30522, 12
-    args.shapes = list(SHAPES) if args.shape == "both" else [args.shape]
+    names = list(SHAPES) if args.shape == "both" else [args.shape]
+    args.shapes = {name: SHAPES[name] for name in names}
     if args.quick:
-        SHAPES["tiny"] = dict(num_layers=2, hidden_dim=32, intermediate_dim=64)
-        args.shapes, args.vocabulary_size, args.num_heads = ["tiny"], 512, 2
-        args.samples, args.sequence_length = 256, 16
-        args.learning_rate, args.warmup, args.rounds = 3e-3, 2, 1
+        args.shapes = {"tiny": TINY}
+        args.samples, args.sequence_length = 512, 16
+        args.learning_rate, args.rounds = 1e-2, 2
     return args
 
 
@@ -122,7 +140,7 @@ def print_env(args):
     )
 
 
-def make_data(args, seed=0):
+def make_data(vocabulary_size, args, seed=0):
     """Random sentences whose labels are learnable: three quarters of each
     sentence's tokens come from its class's band of the vocabulary. Ids 0,
     1 and 2 are padding, `[CLS]` and `[SEP]`; a sentence fills half to all
@@ -130,9 +148,9 @@ def make_data(args, seed=0):
     rng = np.random.default_rng(seed)
     n, length = args.samples, args.sequence_length
     y = rng.integers(0, CLASSES, n)
-    band = (args.vocabulary_size - 3) // CLASSES
+    band = (vocabulary_size - 3) // CLASSES
     in_band = 3 + y[:, None] * band + rng.integers(0, band, (n, length))
-    anywhere = rng.integers(3, args.vocabulary_size, (n, length))
+    anywhere = rng.integers(3, vocabulary_size, (n, length))
     ids = np.where(rng.random((n, length)) < 0.75, in_band, anywhere)
     lengths = rng.integers(length // 2, length + 1, n)
     mask = np.arange(length) < lengths[:, None]
@@ -146,15 +164,10 @@ def make_data(args, seed=0):
     return x, y.astype("int32")
 
 
-def build_model(shape, args):
-    """The backbone of `shape`, mean pooling, dropout and the class head."""
+def build_model(shape):
+    """A `BertBackbone` of `shape`, mean pooling, dropout, the class head."""
     keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=args.vocabulary_size,
-        num_heads=args.num_heads,
-        max_sequence_length=512,
-        **SHAPES[shape],
-    )
+    backbone = keras_hub.models.BertBackbone(**shape, max_sequence_length=512)
     # The pooled `[CLS]` output goes unused: nothing for AdamW to update.
     backbone.get_layer("pooled_dense").trainable = False
     inputs = {
@@ -169,7 +182,7 @@ def build_model(shape, args):
 
 
 def make_variant(variant, shape, args):
-    model = build_model(shape, args)
+    model = build_model(shape)
     loss = kas.ASSoftmaxLoss(0.3)
     if variant == "softmax":
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -219,8 +232,8 @@ def print_verdicts(seconds, logs):
         )
 
 
-def check_shape(shape, args):
-    x, y = make_data(args)
+def check_shape(name, shape, args):
+    x, y = make_data(shape["vocabulary_size"], args)
     fits = {}
     for variant in VARIANTS:
         model = make_variant(variant, shape, args)
@@ -240,8 +253,9 @@ def check_shape(shape, args):
 
         fits[variant] = fit
     seconds, logs = time_epochs(fits, args.warmup, args.rounds)
-    print(f"\n== {shape}: {', '.join(f'{k} {v}' for k, v in SHAPES[shape].items())}")
-    print_table(seconds, logs, math.ceil(args.samples / args.batch_size), "softmax")
+    print(f"\n== {name}: " + ", ".join(f"{k} {v}" for k, v in shape.items()))
+    steps = math.ceil(args.samples / args.batch_size)
+    print_table(seconds, logs, steps, reference="softmax")
     print_verdicts(seconds, logs)
 
 
@@ -249,8 +263,8 @@ def main(argv=None):
     start = time.perf_counter()
     args = parse_args(argv)
     print_env(args)
-    for shape in args.shapes:
-        check_shape(shape, args)
+    for name, shape in args.shapes.items():
+        check_shape(name, shape, args)
         keras.backend.clear_session()
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
 

@@ -675,9 +675,9 @@ def train(strategy):
     model, steps, log = build(strategy)
     history = model.fit(data, epochs=3, verbose=0, callbacks=[log])
     per_replica = [
-        int(v.numpy())
+        int(v.numpy()[3])
         for v in strategy.experimental_local_results(
-            model.optimizer.accumulation_steps.value
+            model.optimizer.window_counts.value
         )
     ]
     return model, steps, history.history, per_replica

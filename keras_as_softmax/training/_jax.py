@@ -192,8 +192,6 @@ class ASSpeedTrainer:
             metric_args = (x, y, y_pred, sample_weight)
             trained, scored = 1.0, None
 
-        drawn = index[id(self._drawn)]
-        non_trainable[drawn] = non_trainable[drawn] + 1
         trainable, optimizer_vars = self.optimizer.stateless_apply(
             optimizer_vars, grads, trainable, rows=rows, masked_rows=masked
         )
@@ -212,7 +210,7 @@ class ASSpeedTrainer:
                 trained=trained,
                 scored=scored,
             )
-            logs["accum_steps"] = self.optimizer.accumulation_steps.value
+            logs["accum_steps"] = self.optimizer.accumulation_steps
         metrics_vars = [
             scope.get_current_value(v) for v in self.metrics_variables
         ]

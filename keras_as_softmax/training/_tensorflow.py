@@ -270,7 +270,6 @@ class ASSpeedTrainer:
             self._loss_tracker.update_state(
                 loss * replicas, sample_weight=_batch_size(x)
             )
-        self._drawn.assign_add(1)
         self.optimizer.apply(
             grads, self.trainable_variables, rows=rows, masked_rows=masked
         )

@@ -81,29 +81,39 @@ def is_due(state):
     return ops.greater_equal(state.micro_batches, state.steps)
 
 
+def window_mean(state, divisor=1):
+    """The mean of the window's gradients: over its micro-batches (times
+    `divisor`, the number of replicas whose sums an optimizer adds up
+    again), so an update has the scale of one plain batch however many
+    micro-batches it spans."""
+    n = ops.cast(ops.maximum(state.micro_batches, 1) * divisor, "float32")
+    return [ops.cast(s / ops.cast(n, s.dtype), s.dtype) for s in state.grad_sum]
+
+
+def end_window_where(due, state, rule):
+    """The state with the window ended where the bool scalar `due` holds:
+    sums and counts reset, and `steps` set by `rule(steps, rows,
+    masked_rows)`; as it was elsewhere. Arithmetic selection, so that a
+    compiled step carries none of it through a conditional."""
+    steps = ops.cast(rule(state.steps, state.rows, state.masked_rows), "int32")
+    return AccumulationState(
+        grad_sum=[ops.where(due, ops.zeros_like(s), s) for s in state.grad_sum],
+        micro_batches=ops.where(due, 0, state.micro_batches),
+        rows=ops.where(due, 0.0, state.rows),
+        masked_rows=ops.where(due, 0.0, state.masked_rows),
+        steps=ops.where(due, steps, state.steps),
+    )
+
+
 def finish_window(state, rule, divisor=1):
     """The window's mean gradients, and the state of the next window.
 
-    The mean is over the window's micro-batches (times `divisor`, the
-    number of replicas whose sums an optimizer adds up again), so an update
-    has the scale of one plain batch however many micro-batches it spans.
-    The next window's `steps` are `rule(steps, rows, masked_rows)`.
-
     Returns:
-        `(mean_grads, state)` with the sums and counts of `state` reset.
+        `(mean_grads, state)`: `window_mean(state, divisor)`, and `state`
+        with its sums and counts reset and its `steps` set by `rule(steps,
+        rows, masked_rows)`.
     """
-    n = ops.cast(ops.maximum(state.micro_batches, 1) * divisor, "float32")
-    mean_grads = [
-        ops.cast(s / ops.cast(n, s.dtype), s.dtype) for s in state.grad_sum
-    ]
-    steps = ops.cast(rule(state.steps, state.rows, state.masked_rows), "int32")
-    return mean_grads, AccumulationState(
-        grad_sum=[ops.zeros_like(s) for s in state.grad_sum],
-        micro_batches=ops.zeros_like(state.micro_batches),
-        rows=ops.zeros_like(state.rows),
-        masked_rows=ops.zeros_like(state.masked_rows),
-        steps=steps,
-    )
+    return window_mean(state, divisor), end_window_where(True, state, rule)
 
 
 def next_accumulation_steps(steps, n_all, n_masked, lam, max_steps):

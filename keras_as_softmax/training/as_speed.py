@@ -160,9 +160,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self.sample_filters = filters_lib.as_list(sample_filter)
         self.masked_outputs = _output_names(masked_outputs)
         self.masked_ratio_tracker = MaskedRatio(name="masked_ratio")
-        self.trained_fraction_tracker = keras.metrics.Mean(
-            name="trained_fraction"
-        )
+        if self.sample_filters:
+            self.trained_fraction_tracker = keras.metrics.Mean(
+                name="trained_fraction"
+            )
         if self._scoring_filter is not None:
             self.scored_fraction_tracker = keras.metrics.Mean(
                 name="scored_fraction"
@@ -217,8 +218,6 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "ASSpeed needs a model with trainable weights. Received a "
                 f"model with none: {self.inner_model.name!r}"
             )
-        # Batches drawn in all of training: the key of the revisit draws.
-        self._drawn = self._state("drawn_batches", "int32")
         if self.sample_filters:
             # `[epoch, epochs]` of `fit`, written at each epoch's start by
             # `_EpochSchedule`: a weight, so no step is traced per `fit`.
@@ -251,6 +250,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 (len(seeds),),
                 keras.initializers.Constant(seeds),
             )
+            # Batches drawn in all of training: the key of the draws.
+            self._drawn = self._state("drawn_batches", "int32")
         self._state_created = True
 
     def _create_filter_state(self, spec):
@@ -315,6 +316,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     def _filter_variables(self):
         """The variables a filtered step assigns besides the model's."""
         found = [v for states in self._filter_states for v in states.values()]
+        if hasattr(self, "_drawn"):
+            found.append(self._drawn)
         for q in (self._score_queue, self._train_queue):
             if q is not None:
                 found += [*q.buffers, q.count]
@@ -357,6 +360,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             hooks,
         )
         self._assign_filter_state(state)
+        if hasattr(self, "_drawn"):
+            self._drawn.assign_add(1)
         return inputs, output
 
     def _epoch_state(self):
@@ -412,7 +417,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             with self._strategy_scope():
                 optimizer.build(self.trainable_variables)
             if self._start_steps is not None:
-                optimizer.accumulation_steps.assign(self._start_steps)
+                optimizer.set_accumulation_steps(self._start_steps)
         return optimizer
 
     @property
@@ -421,7 +426,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         optimizer = self._built_optimizer()
         if optimizer is None:
             return self._start_steps or 1
-        return int(ops.convert_to_numpy(optimizer.accumulation_steps.value))
+        return int(ops.convert_to_numpy(optimizer.accumulation_steps))
 
     @accumulation_steps.setter
     def accumulation_steps(self, value):
@@ -437,7 +442,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self._start_steps = value
         optimizer = self._built_optimizer()
         if optimizer is not None:
-            optimizer.accumulation_steps.assign(value)
+            optimizer.set_accumulation_steps(value)
 
     @property
     def last_seen_masked_fraction(self):
@@ -566,7 +571,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     ):
         """The train step's metric updates: counts it already has."""
         self.masked_ratio_tracker.update_counts(*counts)
-        self.trained_fraction_tracker.update_state(trained)
+        if self.sample_filters:
+            self.trained_fraction_tracker.update_state(trained)
         if scored is not None and self._scoring_filter is not None:
             self.scored_fraction_tracker.update_state(scored)
         return keras.Model.compute_metrics(self, x, y, y_pred, sample_weight)

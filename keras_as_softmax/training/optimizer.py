@@ -60,40 +60,74 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
     def build(self, var_list):
         if self.built:
             return
-        variable = self.add_variable
         self.grad_sums = [
             self.add_variable_from_reference(v, name="accumulated_gradient")
             for v in var_list
         ]
-        self.window_batches = variable((), dtype="int32", name="batches")
-        self.window_rows = variable((), dtype="float32", name="rows")
-        self.window_masked_rows = variable(
-            (), dtype="float32", name="masked_rows"
-        )
-        self.accumulation_steps = variable(
-            (),
-            initializer=keras.initializers.Constant(
-                getattr(self.steps_rule, "initial_steps", 1)
-            ),
-            dtype="int32",
-            name="accumulation_steps",
+        # `[micro-batches, rows, masked rows, steps]` in one variable: a
+        # compiled step passes every variable as a buffer of its own, at a
+        # cost per buffer that a small model's step feels.
+        steps = getattr(self.steps_rule, "initial_steps", 1)
+        self.window_counts = self.add_variable(
+            (4,),
+            initializer=keras.initializers.Constant([0.0, 0.0, 0.0, steps]),
+            dtype="float32",
+            name="window_counts",
         )
         self.inner_optimizer.build(var_list)
         super().build(var_list)
 
     @property
     def variables(self):
-        return self._variables + self.inner_optimizer.variables
+        # The base class's own `iteration` and `learning_rate` stay out:
+        # the inner optimizer's count the updates.
+        return [
+            *self.grad_sums,
+            self.window_counts,
+            *(self.inner_optimizer.variables),
+        ]
+
+    @property
+    def accumulation_steps(self):
+        """int32 scalar tensor: micro-batches per update in this window."""
+        return ops.cast(self.window_counts[3], "int32")
+
+    def set_accumulation_steps(self, steps):
+        """Sets the micro-batches per update of the running window."""
+        counts = ops.convert_to_numpy(self.window_counts).copy()
+        counts[3] = steps
+        self.window_counts.assign(counts)
+
+    def _values(self, sums, counts):
+        return accumulation.AccumulationState(
+            list(sums),
+            ops.cast(counts[0], "int32"),
+            counts[1],
+            counts[2],
+            ops.cast(counts[3], "int32"),
+        )
+
+    @staticmethod
+    def _counts(state):
+        return ops.stack(
+            [
+                ops.cast(state.micro_batches, "float32"),
+                ops.cast(state.rows, "float32"),
+                ops.cast(state.masked_rows, "float32"),
+                ops.cast(state.steps, "float32"),
+            ]
+        )
 
     def _window(self):
-        """The window's variables, as an `AccumulationState`."""
-        return accumulation.AccumulationState(
-            self.grad_sums,
-            self.window_batches,
-            self.window_rows,
-            self.window_masked_rows,
-            self.accumulation_steps,
+        """The window's values, as an `AccumulationState`."""
+        return self._values(
+            [v.value for v in self.grad_sums], self.window_counts.value
         )
+
+    def _assign_window(self, state):
+        for variable, value in zip(self.grad_sums, state.grad_sum):
+            variable.assign(value)
+        self.window_counts.assign(self._counts(state))
 
     # ------------------------------------------------------------ stateless
 
@@ -112,33 +146,28 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
                 f"To call `stateless_apply`, {type(self).__name__} must be "
                 "built: call `optimizer.build(trainable_variables)`."
             )
+        n = len(self.grad_sums)
         values = list(optimizer_variables)
-        index = {id(v): i for i, v in enumerate(self.variables)}
-        own = [index[id(v)] for v in _flat(self._window())]
-        inner = values[len(self._variables) :]
-        window = accumulation.AccumulationState(
-            *keras.tree.pack_sequence_as(
-                tuple(self._window()), [values[i] for i in own]
-            )
-        )
+        inner = values[n + 1 :]
+        window = self._values(values[:n], values[n])
         window = accumulation.add(window, grads, rows, masked_rows)
+        due = accumulation.is_due(window)
 
-        def finish():
-            mean, fresh = accumulation.finish_window(window, self.steps_rule)
+        # Only the update runs in the conditional; the window's reset is
+        # arithmetic selection, so the untaken branch carries the weights
+        # and the inner optimizer's state and nothing else.
+        def apply_mean():
             new_trainable, new_inner = self.inner_optimizer.stateless_apply(
-                inner, mean, trainable_variables
+                inner, accumulation.window_mean(window), trainable_variables
             )
-            return list(new_trainable), list(new_inner), fresh
+            return list(new_trainable), list(new_inner)
 
         def carry():
-            return list(trainable_variables), inner, window
+            return list(trainable_variables), inner
 
-        trainable, inner, window = ops.cond(
-            accumulation.is_due(window), finish, carry
-        )
-        for i, value in zip(own, _flat(window)):
-            values[i] = value
-        return trainable, values[: len(self._variables)] + list(inner)
+        trainable, inner = ops.cond(due, apply_mean, carry)
+        window = accumulation.end_window_where(due, window, self.steps_rule)
+        return trainable, [*window.grad_sum, self._counts(window), *inner]
 
     # ------------------------------------------------------------- stateful
 
@@ -186,20 +215,23 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
     def _add(self, grads, rows, masked_rows):
         if grads is not None:
             self.accumulate(grads)
-        self.window_batches.assign_add(1)
-        self.window_rows.assign_add(ops.cast(rows, "float32"))
-        self.window_masked_rows.assign_add(ops.cast(masked_rows, "float32"))
+        self.window_counts.assign_add(
+            ops.stack(
+                [
+                    1.0,
+                    ops.cast(rows, "float32"),
+                    ops.cast(masked_rows, "float32"),
+                    0.0,
+                ]
+            )
+        )
 
     def _finish(self, trainable_variables, divisor=1):
-        window = accumulation.AccumulationState(
-            *keras.tree.map_structure(lambda v: v.value, tuple(self._window()))
-        )
         mean, fresh = accumulation.finish_window(
-            window, self.steps_rule, divisor
+            self._window(), self.steps_rule, divisor
         )
         self.inner_optimizer.apply(mean, trainable_variables)
-        for variable, value in zip(_flat(self._window()), _flat(fresh)):
-            variable.assign(value)
+        self._assign_window(fresh)
 
     def _common_apply(self, grads, trainable_variables, rows, masked_rows):
         self._add(grads, rows, masked_rows)
@@ -278,7 +310,3 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             config.pop("steps_rule"), custom_objects=custom_objects
         )
         return cls(inner, rule, **config)
-
-
-def _flat(window):
-    return keras.tree.flatten(tuple(window))
