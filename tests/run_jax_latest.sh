@@ -41,8 +41,10 @@ python="$venv/bin/python"
 
 # TensorFlow comes in through the package's own `tensorflow` dependency: the
 # training suite needs it on JAX too (tf.data in filters.index_dataset).
+# keras-hub for the raw-strings test; the lab (and the PyTorch it pulls in)
+# is not needed here.
 "$python" -m pip install --quiet --disable-pip-version-check \
-    -e ".[test,jax]" -e ./lab
+    -e ".[test,jax]" keras-hub
 
 export TF_CPP_MIN_LOG_LEVEL=2 HF_HUB_OFFLINE=1
 "$python" --version
