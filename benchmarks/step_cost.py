@@ -252,7 +252,10 @@ def skip_masked_steps(model, data, repeats, quick=False):
                 x, tf.constant(y.astype("int32")), return_dict=True
             )
             out.append(
-                (float(logs["masked_ratio"]), float(logs["trained_fraction"]))
+                (
+                    float(logs["masked_ratio"]),
+                    float(logs.get("trained_fraction", 1.0)),
+                )
             )
         return np.mean(np.array(out), axis=0)
 
