@@ -54,7 +54,7 @@ def parse_args(argv=None):
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps-per-execution", type=int, default=1)
     args = parser.parse_args(argv)
     if args.quick:
