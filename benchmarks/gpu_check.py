@@ -65,6 +65,7 @@ import numpy as np  # noqa: E402
 from keras import ops  # noqa: E402
 
 import keras_as_softmax as kas  # noqa: E402
+from benchmarks._interleaved import epoch_fit  # noqa: E402
 from benchmarks._interleaved import print_table  # noqa: E402
 from benchmarks._interleaved import time_epochs  # noqa: E402
 
@@ -241,20 +242,7 @@ def check_shape(name, shape, args):
     for variant in VARIANTS:
         model = make_variant(variant, shape, args)
         inputs = kas.filters.with_sample_ids(x) if variant == "pair" else x
-
-        def fit(epoch, model=model, inputs=inputs):
-            history = model.fit(
-                inputs,
-                y,
-                batch_size=args.batch_size,
-                initial_epoch=epoch,
-                epochs=epoch + 1,
-                shuffle=True,
-                verbose=0,
-            )
-            return {k: v[-1] for k, v in history.history.items()}
-
-        fits[variant] = fit
+        fits[variant] = epoch_fit(model, inputs, y, args.batch_size)
     seconds, logs = time_epochs(fits, args.warmup, args.rounds)
     print(f"\n== {name}: " + ", ".join(f"{k} {v}" for k, v in shape.items()))
     steps = math.ceil(args.samples / args.batch_size)
