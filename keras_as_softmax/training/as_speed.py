@@ -49,18 +49,20 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     as AS-Softmax masks more samples (AS-Speed, paper section 3.3), and,
     with a sample filter, leaves masked samples out of the training passes.
 
-    Each batch that `fit` draws is a micro-batch: its gradient is added to
-    an accumulator, and its counted rows (`N_all`: samples, or tokens that
-    are not `ignore_class`, with nonzero sample weight) and masked rows
-    (`N_masked`: loss exactly 0) to the window's counts. When the window
-    holds `accumulation_steps` micro-batches, the optimizer applies their
-    *mean* gradient (an update has the scale of one plain batch) and the
-    number of steps is re-estimated with
-    `keras_as_softmax.training.accumulation.next_accumulation_steps`
-    (eq. 19: never decreasing, growing by at most one, capped at
-    `max_steps`). Between window ends the optimizer does not run (a compiled
-    conditional). Learning-rate schedules and Adam's bias correction count
-    updates (`optimizer.iterations`), not micro-batches.
+    Each batch that `fit` draws is a micro-batch: its gradient goes to the
+    optimizer with its counted rows (`N_all`: samples, or tokens that are
+    not `ignore_class`, with nonzero sample weight) and masked rows
+    (`N_masked`: loss exactly 0). `compile()` wraps the optimizer in a
+    `keras_as_softmax.AccumulatingOptimizer` that adds them to a window;
+    when the window holds `accumulation_steps` micro-batches, the inner
+    optimizer applies their *mean* gradient (an update has the scale of
+    one plain batch) and the number of steps is re-estimated with
+    `keras_as_softmax.AdaptiveSteps(lam, max_steps)` (eq. 19: never
+    decreasing, growing by at most one, capped at `max_steps`). Between
+    window ends the optimizer does not run (a compiled conditional).
+    Learning-rate schedules and Adam's bias correction count updates
+    (`optimizer.iterations`), not micro-batches. Every step is one
+    compiled program that reads nothing back to the host.
 
     AS-Speed alone saves optimizer updates only. A `sample_filter`
     (`keras_as_softmax.filters`) saves forward and backward passes: the
@@ -77,10 +79,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     of the harder samples). A scoring pass puts moving statistics back.
 
     `fit`'s logs show `masked_ratio` (masked / counted rows since the epoch
-    began), `accum_steps` (micro-batches per update), `trained_fraction`
-    (the share of drawn batches that a training pass stood for) and, with
-    `SkipMasked`, `scored_fraction` (the share that a scoring pass stood
-    for).
+    began), `accum_steps` (micro-batches per update) and, with a filter,
+    `trained_fraction` (the share of drawn batches that a training pass
+    stood for) and, with a scoring filter, `scored_fraction` (the share
+    that a scoring pass stood for). The training loss and metrics cover
+    the drawn batches: with a scoring filter they come from the scoring
+    pass where it ran.
 
     Supported: one output, or several with `masked_outputs`; TensorFlow
     (eager, graph, `jit_compile=True`, `tf.distribute.MirroredStrategy`,
@@ -99,10 +103,11 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             `lam * N_all / (N_all - N_masked)`. Defaults to `0.5`.
         max_steps: the cap `s` on accumulated micro-batches (int >= 1).
             Defaults to `4`.
-        sample_filter: `None`, a `keras_as_softmax.filters.SkipMasked`, a
-            last-seen filter (`SkipMaskedLastSeen` or `InfoBatch`), or the
-            list `[SkipMaskedLastSeen(n), SkipMasked()]`. Defaults to
-            `None`.
+        sample_filter: `None`, a filter of `keras_as_softmax.filters`
+            (`SkipMasked`, `SelectiveBackprop`, `SkipMaskedLastSeen`,
+            `InfoBatch`), or a filter that decides without a pass followed
+            by one that scores, as `[SkipMaskedLastSeen(n), SkipMasked()]`.
+            Defaults to `None`.
         masked_outputs: for a model with several outputs (a joint intent
             and slot model, say), the name or list of names of the outputs
             whose AS loss counts masked rows for the accumulation rule;
