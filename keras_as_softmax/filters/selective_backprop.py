@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_as_softmax._validation import check_fraction
 from keras_as_softmax._validation import check_int
+from keras_as_softmax._validation import check_one_of
 from keras_as_softmax.filters.base import ScoringFilter
 
 
@@ -72,7 +73,9 @@ class SelectiveBackprop(ScoringFilter):
                 "never trains. Received: keep=0.0"
             )
         self.seed = None if seed is None else check_int(seed, "seed", 0)
-        self.score_training = bool(score_training)
+        self.score_training = bool(
+            check_one_of(score_training, "score_training", (True, False))
+        )
 
     def select(self, view, state):
         loss = view.sample_loss
