@@ -35,6 +35,12 @@ class _Hooks:
 
     def __init__(self, model, trainable, non_trainable, optimizer_variables):
         self.model = model
+        # The window's gradient sums: the training pass adds to them inside
+        # its branch, so a drawn batch without a training pass moves no
+        # gradient-sized memory.
+        self.grad_sums = model.optimizer.stateless_grad_sums(
+            optimizer_variables
+        )
         self.trainable = list(trainable)
         self.non_trainable = list(non_trainable)
         self.optimizer_variables = optimizer_variables
@@ -62,23 +68,33 @@ class _Hooks:
         return y_pred
 
     def maybe_train(self, pred, x, y, coefficients):
-        """`(grads, y_pred, values, loss)` of the training pass if `pred`,
-        else zeros."""
+        """`(None, y_pred, values, loss)` of the training pass if `pred`,
+        else zeros; the pass's gradients are added to `grad_sums`."""
 
-        def skip(state, x, y, coefficients):
-            zeros = keras.ops.zeros_like
+        def skip(carried, x, y, coefficients):
             outputs = (
-                [zeros(t) for t in self.trainable],
                 self._no_output(x),
-                zeros(coefficients),
+                keras.ops.zeros_like(coefficients),
                 keras.ops.zeros((), "float32"),
             )
-            return outputs, state
+            return outputs, carried
 
-        outputs, self.state = jax.lax.cond(
-            pred, self.train, skip, self.state, x, y, coefficients
+        def train(carried, x, y, coefficients):
+            state, sums = carried
+            (grads, *outputs), state = self.train(state, x, y, coefficients)
+            sums = [s + keras.ops.cast(g, s.dtype) for s, g in zip(sums, grads)]
+            return tuple(outputs), (state, sums)
+
+        outputs, (self.state, self.grad_sums) = jax.lax.cond(
+            pred,
+            train,
+            skip,
+            (self.state, self.grad_sums),
+            x,
+            y,
+            coefficients,
         )
-        return outputs
+        return (None, *outputs)
 
     def merged_non_trainable(self):
         """The model's non-trainable values with the passes' updates."""
@@ -162,6 +178,9 @@ class ASSpeedTrainer:
             non_trainable = hooks.merged_non_trainable()
             for v in self._filter_variables():
                 non_trainable[index[id(v)]] = scope.get_current_value(v)
+            optimizer_vars = self.optimizer.stateless_with_grad_sums(
+                optimizer_vars, hooks.grad_sums
+            )
             grads, rows, masked = output.grads, output.rows, output.masked_rows
             loss_value, loss_weight = output.loss, output.loss_weight
             metric_args = (

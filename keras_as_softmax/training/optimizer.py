@@ -131,6 +131,17 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
 
     # ------------------------------------------------------------ stateless
 
+    def stateless_grad_sums(self, optimizer_variables):
+        """The window's gradient sums among `optimizer_variables` (values
+        in the order of `variables`)."""
+        return list(optimizer_variables[: len(self.grad_sums)])
+
+    def stateless_with_grad_sums(self, optimizer_variables, grad_sums):
+        """`optimizer_variables` with the window's sums replaced: for a
+        trainer that adds a pass's gradients where the pass runs, then
+        calls `stateless_apply` with `grads=None`."""
+        return [*grad_sums, *optimizer_variables[len(self.grad_sums) :]]
+
     def stateless_apply(
         self,
         optimizer_variables,
@@ -153,21 +164,24 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         window = accumulation.add(window, grads, rows, masked_rows)
         due = accumulation.is_due(window)
 
-        # Only the update runs in the conditional; the window's reset is
-        # arithmetic selection, so the untaken branch carries the weights
-        # and the inner optimizer's state and nothing else.
+        # The update and the sums' reset run in the conditional (with the
+        # state donated, its untaken branch aliases what it carries); the
+        # counts are reset by selection.
         def apply_mean():
             new_trainable, new_inner = self.inner_optimizer.stateless_apply(
                 inner, accumulation.window_mean(window), trainable_variables
             )
-            return list(new_trainable), list(new_inner)
+            zeros = [ops.zeros_like(s) for s in window.grad_sum]
+            return list(new_trainable), list(new_inner), zeros
 
         def carry():
-            return list(trainable_variables), inner
+            return list(trainable_variables), inner, list(window.grad_sum)
 
-        trainable, inner = ops.cond(due, apply_mean, carry)
-        window = accumulation.end_window_where(due, window, self.steps_rule)
-        return trainable, [*window.grad_sum, self._counts(window), *inner]
+        trainable, inner, sums = ops.cond(due, apply_mean, carry)
+        window = accumulation.end_window_where(
+            due, window._replace(grad_sum=[]), self.steps_rule
+        )
+        return trainable, [*sums, self._counts(window), *inner]
 
     # ------------------------------------------------------------- stateful
 
