@@ -3,18 +3,23 @@
 A drawn batch goes through the filters in order, with a queue after each:
 
 ```
-drawn batch -> [last seen: SkipMaskedLastSeen or InfoBatch] -> queue
-            -> [SkipMasked: score] -> queue
+drawn batch -> [a memory filter: SkipMaskedLastSeen, InfoBatch] -> queue
+            -> [a scoring filter: SkipMasked, SelectiveBackprop] -> queue
             -> training pass on `batch_size` queued rows, when that many wait
 ```
+
+The filters are plug-ins (`keras_as_softmax.filters.base`): the step calls
+their `select` and `observe` and never asks for their types.
 
 Every shape is static: the scoring and training passes run on exactly
 `batch_size` rows. The passes come in as `hooks` from the backend's
 trainer: `maybe_score(pred, x)` and `maybe_train(pred, x, y, coefficients)`
 run one behind a conditional and return zeros when `pred` is false, so a
 conditional holds a pass and nothing else (the gathers of several
-replicas stay outside). Everything else is `keras.ops`, and a pass's
-results are used through `where` on its predicate.
+replicas stay outside). A trainer that adds the training pass's gradients
+to the window's sums inside its branch returns `None` for them.
+Everything else is `keras.ops`, and a pass's results are used through
+`where` on its predicate.
 
 Each row carries the coefficient that the drawn batch's loss gives it
 (`sample_weight`, `ignore_class` positions and the mean's denominator of the
