@@ -25,9 +25,9 @@ TensorFlow (XLA) or JAX (`KERAS_BACKEND=jax`). The methods:
   12.5% of them. Same epochs, batch size and optimizer.
 
 Others: `as_softmax`, `as_speed` (the paper's accumulation alone, which
-saves optimizer updates only: `benchmarks/step_cost.py` bounds it near
-1.04x here), `as_skip` (`SkipMasked` alone), `as_skip_stale`
-(`SkipMaskedLastSeen` alone). The numbers are what was measured; no
+saves optimizer updates only, a small share of a fine-tuning step),
+`as_skip` (`SkipMasked` alone), `as_skip_stale` (`SkipMaskedLastSeen`
+alone). The numbers are what was measured; no
 speed-up is assumed.
 
 Usage:

@@ -32,8 +32,8 @@ epoch. Then the verdicts on the two claims this checks:
 
 On JAX, TensorFlow is hidden from this process, as on a GPU image with
 JAX alone. `--quick` runs a 2-layer backbone of hidden size 32 on 512
-sentences of 16 tokens, a smoke test on the CPU. Results go in
-`benchmarks/RESULTS.md`.
+sentences of 16 tokens, a smoke test on the CPU. It prints its table;
+`benchmarks/README.md` says where a run's output is kept.
 
 Usage:
 
