@@ -103,11 +103,10 @@ class MaskedRatio(keras.metrics.Metric):
                 f"keras_as_softmax.ASSoftmaxLoss. Received: loss={loss!r}"
             )
         self.loss = loss
-        self.masked = self.add_variable(
-            shape=(), initializer="zeros", name="masked"
-        )
-        self.counted = self.add_variable(
-            shape=(), initializer="zeros", name="counted"
+        # `[masked, counted]` in one variable: a compiled step passes every
+        # variable as a buffer of its own.
+        self.counts = self.add_variable(
+            shape=(2,), initializer="zeros", name="counts"
         )
 
     def update_state(self, y_true, y_pred, sample_weight=None):
@@ -117,11 +116,14 @@ class MaskedRatio(keras.metrics.Metric):
 
     def update_counts(self, masked, counted):
         """Adds rows counted elsewhere (as `keras_as_softmax.ASSpeed` does)."""
-        self.masked.assign_add(ops.cast(masked, self.dtype))
-        self.counted.assign_add(ops.cast(counted, self.dtype))
+        self.counts.assign_add(
+            ops.stack(
+                [ops.cast(masked, self.dtype), ops.cast(counted, self.dtype)]
+            )
+        )
 
     def result(self):
-        return ops.divide_no_nan(self.masked, self.counted)
+        return ops.divide_no_nan(self.counts[0], self.counts[1])
 
     def get_config(self):
         return {

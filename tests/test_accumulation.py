@@ -18,6 +18,7 @@ def numpy(state):
             state.rows,
             state.masked_rows,
             state.steps,
+            state.has_grads,
         )
     ]
 
@@ -34,7 +35,7 @@ def test_add_sums_gradients_and_counts():
     grads, counts = numpy(state)
     np.testing.assert_allclose(grads[0], 3.0)
     np.testing.assert_allclose(grads[1], [1.0, 2.0, 3.0])
-    assert counts == [2.0, 16.0, 8.0, 2.0]
+    assert counts == [2.0, 16.0, 8.0, 2.0, 1.0]
     assert bool(ops.convert_to_numpy(accumulation.is_due(state)))
 
 
@@ -44,7 +45,7 @@ def test_add_without_gradients_counts_only():
     state = accumulation.add(state, None, 4, 4)  # no training pass
     grads, counts = numpy(state)
     np.testing.assert_allclose(grads[0], 1.0)
-    assert counts == [2.0, 8.0, 5.0, 2.0]
+    assert counts == [2.0, 8.0, 5.0, 2.0, 1.0]
 
 
 def test_finish_window_takes_the_mean_and_follows_the_rule():
@@ -54,10 +55,16 @@ def test_finish_window_takes_the_mean_and_follows_the_rule():
     rule = kas.AdaptiveSteps(lam=0.5, max_steps=4)
     mean, fresh = accumulation.finish_window(state, rule)
     np.testing.assert_allclose(ops.convert_to_numpy(mean[0]), [3.0, 2.0])
-    grads, counts = numpy(fresh)
-    np.testing.assert_array_equal(grads[0], 0.0)
-    # 0.5 * 20 / 2 = 5 > 2: grows by one.
-    assert counts == [0.0, 0.0, 0.0, 3.0]
+    _, counts = numpy(fresh)
+    # 0.5 * 20 / 2 = 5 > 2: grows by one. The sums are left in place and
+    # marked stale: the next window's first gradients replace them, and a
+    # window without gradients has a zero mean.
+    assert counts == [0.0, 0.0, 0.0, 3.0, 0.0]
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(accumulation.window_mean(fresh)[0]), 0.0
+    )
+    after = accumulation.add(fresh, [np.array([1.0, 1.0], "float32")], 1, 0)
+    np.testing.assert_allclose(numpy(after)[0][0], [1.0, 1.0])
     # Several replicas: the optimizer adds their means up again.
     mean, _ = accumulation.finish_window(state, rule, divisor=2)
     np.testing.assert_allclose(ops.convert_to_numpy(mean[0]), [1.5, 1.0])
@@ -101,7 +108,7 @@ def window_run(rule, grads, counts, stateless):
     optimizer.build([variable])
     values = []
     for g, (rows, masked) in zip(grads, counts):
-        g = [np.asarray(g, "float32")]
+        g = None if g is None else [np.asarray(g, "float32")]
         if stateless:
             new, state = optimizer.stateless_apply(
                 [v.value for v in optimizer.variables],
@@ -130,6 +137,19 @@ def test_optimizer_applies_the_window_mean_when_due(stateless):
     # Two micro-batches per update: the mean of each pair, applied once.
     assert values == [[0, 0], [-3, -1], [-3, -1], [-5, -3]]
     assert iterations == 2 and steps == 2
+
+
+@pytest.mark.parametrize("stateless", [False, True])
+def test_a_window_without_gradients_reuses_no_stale_sums(stateless):
+    if stateless and BACKEND != "jax":
+        pytest.skip("stateless_apply serves JAX's pure steps")
+    # The first window's sums stay in place after its update; the second
+    # window's micro-batches had no training pass (`grads=None`), so its
+    # mean is zero, and the third window's first gradients replace them.
+    grads = [[2.0, 0.0], [4.0, 2.0], None, None, [1.0, 1.0], [1.0, 3.0]]
+    values, iterations, _ = window_run(2, grads, [(4, 4)] * 6, stateless)
+    assert values == [[0, 0], [-3, -1], [-3, -1], [-3, -1], [-3, -1], [-4, -3]]
+    assert iterations == 3
 
 
 @pytest.mark.parametrize("stateless", [False, True])

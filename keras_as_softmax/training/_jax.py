@@ -35,12 +35,10 @@ class _Hooks:
 
     def __init__(self, model, trainable, non_trainable, optimizer_variables):
         self.model = model
-        # The window's gradient sums: the training pass adds to them inside
-        # its branch, so a drawn batch without a training pass moves no
-        # gradient-sized memory.
-        self.grad_sums = model.optimizer.stateless_grad_sums(
-            optimizer_variables
-        )
+        # The accumulation window's values: the training pass adds its
+        # gradients to them inside its branch, so a drawn batch without a
+        # training pass moves no gradient-sized memory.
+        self.window = model.optimizer.stateless_window(optimizer_variables)
         self.trainable = list(trainable)
         self.non_trainable = list(non_trainable)
         self.optimizer_variables = optimizer_variables
@@ -69,7 +67,7 @@ class _Hooks:
 
     def maybe_train(self, pred, x, y, coefficients):
         """`(None, y_pred, values, loss)` of the training pass if `pred`,
-        else zeros; the pass's gradients are added to `grad_sums`."""
+        else zeros; the pass's gradients are added to `window`."""
 
         def skip(carried, x, y, coefficients):
             outputs = (
@@ -80,16 +78,16 @@ class _Hooks:
             return outputs, carried
 
         def train(carried, x, y, coefficients):
-            state, sums = carried
+            state, window = carried
             (grads, *outputs), state = self.train(state, x, y, coefficients)
-            sums = [s + keras.ops.cast(g, s.dtype) for s, g in zip(sums, grads)]
-            return tuple(outputs), (state, sums)
+            window = self.model.optimizer.stateless_accumulate(window, grads)
+            return tuple(outputs), (state, window)
 
-        outputs, (self.state, self.grad_sums) = jax.lax.cond(
+        outputs, (self.state, self.window) = jax.lax.cond(
             pred,
             train,
             skip,
-            (self.state, self.grad_sums),
+            (self.state, self.window),
             x,
             y,
             coefficients,
@@ -178,8 +176,8 @@ class ASSpeedTrainer:
             non_trainable = hooks.merged_non_trainable()
             for v in self._filter_variables():
                 non_trainable[index[id(v)]] = scope.get_current_value(v)
-            optimizer_vars = self.optimizer.stateless_with_grad_sums(
-                optimizer_vars, hooks.grad_sums
+            optimizer_vars = self.optimizer.stateless_with_window(
+                optimizer_vars, hooks.window
             )
             grads, rows, masked = output.grads, output.rows, output.masked_rows
             loss_value, loss_weight = output.loss, output.loss_weight

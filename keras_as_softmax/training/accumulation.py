@@ -38,6 +38,12 @@ class AccumulationState(NamedTuple):
         masked_rows: float32 scalar, counted rows whose loss was exactly 0
             (`N_masked`).
         steps: int32 scalar, micro-batches per optimizer update (`k`).
+        has_grads: bool scalar, whether `grad_sum` holds gradients of this
+            window. A window that ends leaves its sums in place and clears
+            the flag; the next window's first gradients overwrite them.
+            Resetting sums the size of the model would cost a pass over
+            them at every update, and a compiled conditional that returns
+            them unchanged copies them.
     """
 
     grad_sum: list
@@ -45,6 +51,7 @@ class AccumulationState(NamedTuple):
     rows: object
     masked_rows: object
     steps: object
+    has_grads: object
 
 
 def init(variables, steps=1):
@@ -55,24 +62,37 @@ def init(variables, steps=1):
         rows=ops.zeros((), "float32"),
         masked_rows=ops.zeros((), "float32"),
         steps=ops.convert_to_tensor(steps, "int32"),
+        has_grads=ops.zeros((), "bool"),
     )
+
+
+def add_gradients(state, grads):
+    """Adds `grads` (one tensor, or `None` for none, per variable) to the
+    window's sums, without counting a micro-batch.
+
+    The window's first gradients replace what the sums hold: a selection
+    that XLA fuses into the addition, so it costs what `sum + grad` does.
+    """
+    grad_sum = []
+    for total, grad in zip(state.grad_sum, grads):
+        grad = ops.zeros_like(total) if grad is None else grad
+        grad = ops.cast(grad, total.dtype)
+        grad_sum.append(ops.where(state.has_grads, total + grad, grad))
+    return state._replace(grad_sum=grad_sum, has_grads=ops.ones((), "bool"))
 
 
 def add(state, grads, rows, masked_rows):
     """Adds one micro-batch: its gradients and its row counts.
 
     `grads=None` adds the counts only, for a trainer that added the
-    gradients to the sums already (or had none to add).
+    gradients to the sums already (`add_gradients`), or had none to add.
     """
-    grad_sum = list(state.grad_sum)
     if grads is not None:
-        grad_sum = [s + ops.cast(g, s.dtype) for s, g in zip(grad_sum, grads)]
-    return AccumulationState(
-        grad_sum=grad_sum,
+        state = add_gradients(state, grads)
+    return state._replace(
         micro_batches=state.micro_batches + 1,
         rows=state.rows + ops.cast(rows, "float32"),
         masked_rows=state.masked_rows + ops.cast(masked_rows, "float32"),
-        steps=state.steps,
     )
 
 
@@ -87,21 +107,29 @@ def window_mean(state, divisor=1):
     again), so an update has the scale of one plain batch however many
     micro-batches it spans."""
     n = ops.cast(ops.maximum(state.micro_batches, 1) * divisor, "float32")
-    return [ops.cast(s / ops.cast(n, s.dtype), s.dtype) for s in state.grad_sum]
+    return [
+        ops.where(
+            state.has_grads,
+            ops.cast(s / ops.cast(n, s.dtype), s.dtype),
+            ops.zeros_like(s),
+        )
+        for s in state.grad_sum
+    ]
 
 
 def end_window_where(due, state, rule):
     """The state with the window ended where the bool scalar `due` holds:
-    sums and counts reset, and `steps` set by `rule(steps, rows,
-    masked_rows)`; as it was elsewhere. Arithmetic selection, so that a
-    compiled step carries none of it through a conditional."""
+    counts reset, sums marked as holding no gradients of the new window,
+    and `steps` set by `rule(steps, rows, masked_rows)`; as it was
+    elsewhere. Arithmetic selection on scalars: the sums are not touched,
+    so a compiled step neither rewrites nor copies them."""
     steps = ops.cast(rule(state.steps, state.rows, state.masked_rows), "int32")
-    return AccumulationState(
-        grad_sum=[ops.where(due, ops.zeros_like(s), s) for s in state.grad_sum],
+    return state._replace(
         micro_batches=ops.where(due, 0, state.micro_batches),
         rows=ops.where(due, 0.0, state.rows),
         masked_rows=ops.where(due, 0.0, state.masked_rows),
         steps=ops.where(due, steps, state.steps),
+        has_grads=ops.logical_and(ops.logical_not(due), state.has_grads),
     )
 
 
@@ -110,8 +138,8 @@ def finish_window(state, rule, divisor=1):
 
     Returns:
         `(mean_grads, state)`: `window_mean(state, divisor)`, and `state`
-        with its sums and counts reset and its `steps` set by `rule(steps,
-        rows, masked_rows)`.
+        with its counts reset, its sums marked stale (`has_grads` false)
+        and its `steps` set by `rule(steps, rows, masked_rows)`.
     """
     return window_mean(state, divisor), end_window_where(True, state, rule)
 

@@ -64,13 +64,15 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             self.add_variable_from_reference(v, name="accumulated_gradient")
             for v in var_list
         ]
-        # `[micro-batches, rows, masked rows, steps]` in one variable: a
-        # compiled step passes every variable as a buffer of its own, at a
-        # cost per buffer that a small model's step feels.
+        # `[micro-batches, rows, masked rows, steps, has_grads]` in one
+        # variable: a compiled step passes every variable as a buffer of
+        # its own, at a cost per buffer that a small model's step feels.
         steps = getattr(self.steps_rule, "initial_steps", 1)
         self.window_counts = self.add_variable(
-            (4,),
-            initializer=keras.initializers.Constant([0.0, 0.0, 0.0, steps]),
+            (5,),
+            initializer=keras.initializers.Constant(
+                [0.0, 0.0, 0.0, steps, 0.0]
+            ),
             dtype="float32",
             name="window_counts",
         )
@@ -105,6 +107,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             counts[1],
             counts[2],
             ops.cast(counts[3], "int32"),
+            ops.greater(counts[4], 0.5),
         )
 
     @staticmethod
@@ -115,6 +118,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
                 ops.cast(state.rows, "float32"),
                 ops.cast(state.masked_rows, "float32"),
                 ops.cast(state.steps, "float32"),
+                ops.cast(state.has_grads, "float32"),
             ]
         )
 
@@ -124,23 +128,33 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             [v.value for v in self.grad_sums], self.window_counts.value
         )
 
-    def _assign_window(self, state):
-        for variable, value in zip(self.grad_sums, state.grad_sum):
-            variable.assign(value)
+    def _assign_window(self, state, sums=True):
+        if sums:
+            for variable, value in zip(self.grad_sums, state.grad_sum):
+                variable.assign(value)
         self.window_counts.assign(self._counts(state))
 
     # ------------------------------------------------------------ stateless
 
-    def stateless_grad_sums(self, optimizer_variables):
-        """The window's gradient sums among `optimizer_variables` (values
-        in the order of `variables`)."""
-        return list(optimizer_variables[: len(self.grad_sums)])
+    def stateless_window(self, optimizer_variables):
+        """The window's values among `optimizer_variables` (in the order
+        of `variables`): its gradient sums, then its counts."""
+        return list(optimizer_variables[: len(self.grad_sums) + 1])
 
-    def stateless_with_grad_sums(self, optimizer_variables, grad_sums):
-        """`optimizer_variables` with the window's sums replaced: for a
-        trainer that adds a pass's gradients where the pass runs, then
-        calls `stateless_apply` with `grads=None`."""
-        return [*grad_sums, *optimizer_variables[len(self.grad_sums) :]]
+    def stateless_accumulate(self, window, grads):
+        """`accumulate` as a pure function of the window's values: for a
+        trainer that adds a pass's gradients where the pass runs (inside a
+        conditional, carrying only the window), then calls
+        `stateless_apply` with `grads=None`."""
+        n = len(self.grad_sums)
+        state = accumulation.add_gradients(
+            self._values(window[:n], window[n]), grads
+        )
+        return [*state.grad_sum, self._counts(state)]
+
+    def stateless_with_window(self, optimizer_variables, window):
+        """`optimizer_variables` with the window's values replaced."""
+        return [*window, *optimizer_variables[len(window) :]]
 
     def stateless_apply(
         self,
@@ -164,24 +178,21 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         window = accumulation.add(window, grads, rows, masked_rows)
         due = accumulation.is_due(window)
 
-        # The update and the sums' reset run in the conditional (with the
-        # state donated, its untaken branch aliases what it carries); the
-        # counts are reset by selection.
+        # The update runs in the conditional (with the state donated, its
+        # untaken branch aliases what it carries). The sums only enter it
+        # to be read: a conditional that returned them would copy them.
         def apply_mean():
             new_trainable, new_inner = self.inner_optimizer.stateless_apply(
                 inner, accumulation.window_mean(window), trainable_variables
             )
-            zeros = [ops.zeros_like(s) for s in window.grad_sum]
-            return list(new_trainable), list(new_inner), zeros
+            return list(new_trainable), list(new_inner)
 
         def carry():
-            return list(trainable_variables), inner, list(window.grad_sum)
+            return list(trainable_variables), inner
 
-        trainable, inner, sums = ops.cond(due, apply_mean, carry)
-        window = accumulation.end_window_where(
-            due, window._replace(grad_sum=[]), self.steps_rule
-        )
-        return trainable, [*sums, self._counts(window), *inner]
+        trainable, inner = ops.cond(due, apply_mean, carry)
+        window = accumulation.end_window_where(due, window, self.steps_rule)
+        return trainable, [*window.grad_sum, self._counts(window), *inner]
 
     # ------------------------------------------------------------- stateful
 
@@ -189,9 +200,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         """Adds `grads` to the window's sums in place, without counting a
         micro-batch (a trainer that adds a pass's gradients where the pass
         runs, then calls `apply(None, ...)`)."""
-        for total, grad in zip(self.grad_sums, grads):
-            if grad is not None:
-                total.assign_add(ops.cast(grad, total.dtype))
+        self._assign_window(accumulation.add_gradients(self._window(), grads))
 
     def apply(self, grads, trainable_variables=None, rows=0.0, masked_rows=0.0):
         """Adds one micro-batch and applies the window's mean when due.
@@ -227,25 +236,16 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             self._common_apply(grads, trainable_variables, rows, masked_rows)
 
     def _add(self, grads, rows, masked_rows):
-        if grads is not None:
-            self.accumulate(grads)
-        self.window_counts.assign_add(
-            ops.stack(
-                [
-                    1.0,
-                    ops.cast(rows, "float32"),
-                    ops.cast(masked_rows, "float32"),
-                    0.0,
-                ]
-            )
-        )
+        window = accumulation.add(self._window(), grads, rows, masked_rows)
+        self._assign_window(window, sums=grads is not None)
 
     def _finish(self, trainable_variables, divisor=1):
         mean, fresh = accumulation.finish_window(
             self._window(), self.steps_rule, divisor
         )
         self.inner_optimizer.apply(mean, trainable_variables)
-        self._assign_window(fresh)
+        # The sums stay as they are, marked stale.
+        self._assign_window(fresh, sums=False)
 
     def _common_apply(self, grads, trainable_variables, rows, masked_rows):
         self._add(grads, rows, masked_rows)

@@ -119,8 +119,7 @@ class _Recorder(keras.callbacks.Callback):
         # On JAX, `fit` keeps the variables' values in its own state during
         # an epoch; reading `self.model` writes them back to the variables.
         model = self.model
-        masked = float(ops.convert_to_numpy(self.tracker.masked))
-        counted = float(ops.convert_to_numpy(self.tracker.counted))
+        masked, counted = ops.convert_to_numpy(self.tracker.counts).tolist()
         elapsed = now - self._t
         if self.step == 0:
             self.compile_time = elapsed
