@@ -1,4 +1,4 @@
-"""AS-Speed wrapper: runs on the tensorflow and jax backends in CI."""
+"""AS-Speed wrapper: runs on the tensorflow, jax and torch backends in CI."""
 
 import os
 
@@ -10,11 +10,6 @@ from keras import ops
 import keras_as_softmax as kas
 from keras_as_softmax.training.accumulation import next_accumulation_steps
 from tests.backend_utils import BACKEND
-
-pytestmark = pytest.mark.skipif(
-    BACKEND not in ("tensorflow", "jax"),
-    reason="ASSpeed runs on tensorflow and jax",
-)
 
 JIT = BACKEND == "tensorflow"  # TF: XLA; JAX always compiles with XLA.
 
@@ -230,7 +225,7 @@ def max_weight_diff_arrays(a, b):
 
 
 @pytest.mark.skipif(
-    BACKEND != "tensorflow", reason="eager execution shows skipped branches"
+    BACKEND == "jax", reason="a compiled JAX step runs no Python per branch"
 )
 def test_optimizer_update_is_not_run_between_window_ends():
     calls = []
@@ -993,3 +988,46 @@ def test_data_parallel_matches_single_device():
     # The filters really left samples out.
     assert min(result["skip"]["trained"][1]) < 0.5
     assert min(result["hybrid"]["trained"][1]) < 0.5
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.distributed")
+def test_torch_process_groups_are_refused(monkeypatch):
+    import torch
+
+    wrapped = kas.ASSpeed(make_model())
+    wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss())
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    with pytest.raises(ValueError, match="no distribution support.*2 proc"):
+        wrapped.fit(*data(8), verbose=0)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile")
+@pytest.mark.parametrize("sample_filter", [None, "skip_masked"])
+def test_torch_compile_gives_the_eager_weights(sample_filter):
+    x, y = data(32)
+
+    def fit(jit_compile):
+        wrapped = kas.ASSpeed(
+            make_model(),
+            lam=1.0,
+            max_steps=2,
+            sample_filter=sample_filter and kas.filters.SkipMasked(0.0),
+        )
+        wrapped.compile(
+            optimizer="adam",
+            loss=kas.ASSoftmaxLoss(0.3),
+            jit_compile=jit_compile,
+        )
+        logs = wrapped.fit(
+            x, y, batch_size=4, epochs=2, shuffle=False, verbose=0
+        ).history
+        return wrapped, logs
+
+    eager, eager_logs = fit(False)
+    compiled, compiled_logs = fit(True)
+    assert max_weight_diff(eager, compiled) < 1e-5
+    assert compiled.accumulation_steps == eager.accumulation_steps == 2
+    np.testing.assert_allclose(
+        compiled_logs["masked_ratio"], eager_logs["masked_ratio"]
+    )

@@ -28,14 +28,19 @@ if _BACKEND == "tensorflow":
 elif _BACKEND == "jax":
     from keras_as_softmax.training._jax import ASSpeedTrainer
     from keras_as_softmax.training._jax import stateless_uniform
+elif _BACKEND == "torch":
+    from keras_as_softmax.training._torch import ASSpeedTrainer
+    from keras_as_softmax.training._torch import check_not_distributed
+    from keras_as_softmax.training._torch import stateless_uniform
 else:
 
     class ASSpeedTrainer:
         def __init__(self, *args, **kwargs):
             raise ValueError(
-                "ASSpeed supports the tensorflow and jax backends. Received: "
-                f"the {_BACKEND!r} backend. Use keras_as_softmax.ASSoftmaxLoss "
-                "alone on this backend, or set KERAS_BACKEND=tensorflow."
+                "ASSpeed supports the tensorflow, jax and torch backends. "
+                f"Received: the {_BACKEND!r} backend. Use "
+                "keras_as_softmax.ASSoftmaxLoss alone on this backend, or "
+                "set KERAS_BACKEND=tensorflow."
             )
 
 
@@ -88,8 +93,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
 
     Supported: one output, or several with `masked_outputs`; TensorFlow
     (eager, graph, `jit_compile=True`, `tf.distribute.MirroredStrategy`,
-    and `MultiWorkerMirroredStrategy` without a filter) and JAX (one
-    device, or `keras.distribution.DataParallel`). Filters on several
+    and `MultiWorkerMirroredStrategy` without a filter), JAX (one
+    device, or `keras.distribution.DataParallel`) and PyTorch (one
+    device, eager or `jit_compile=True`: `torch.compile`). Filters on several
     devices take the same samples as on one, and need a batch size
     divisible by the number of devices.
     Everything that cannot work is refused by `compile()` or by `fit()`
@@ -491,6 +497,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 f"reduction to be one of {_FILTER_REDUCTIONS}. Received: "
                 f"reduction={loss.reduction!r}"
             )
+        if _BACKEND == "torch":
+            check_not_distributed()
         if self.sample_filters and _BACKEND == "tensorflow":
             if is_multi_worker(self.distribute_strategy):
                 raise ValueError(

@@ -1,0 +1,248 @@
+"""ASSpeed's trainer on PyTorch: Keras's torch `train_step`, eager.
+
+The step keeps the shape of Keras's own (`keras/src/backend/torch/
+trainer.py`): a forward pass, `loss.backward()`, the gradients read from
+`.grad`, and `optimizer.apply` under `torch.no_grad()`. The accumulation
+window is `AccumulatingOptimizer`'s and the filters run through
+`_filtering.filtered_step`, as on the other backends. `keras.ops.cond` is
+a Python `if` on PyTorch, so the end of a window, a scoring pass and a
+training pass are each decided by reading one boolean on the host: on a
+CPU that costs nothing, on a GPU it waits for the step's work so far.
+"""
+
+import contextlib
+
+import keras
+import torch
+from keras import ops
+
+from keras_as_softmax import filters
+from keras_as_softmax.training import _filtering
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(h):
+    """MurmurHash3's 32-bit finalizer on int64 tensors holding uint32s."""
+    h = h & _MASK32
+    h = ((h ^ (h >> 16)) * 0x85EBCA6B) & _MASK32
+    h = ((h ^ (h >> 13)) * 0xC2B2AE35) & _MASK32
+    return h ^ (h >> 16)
+
+
+def stateless_uniform(size, seed, counter):
+    """`size` uniform draws in [0, 1), a function of `(seed, counter)`.
+
+    A counter-based hash in tensor arithmetic: no generator to seed from a
+    host value, so the draws need no device read.
+    """
+    seed = torch.as_tensor(seed).to(torch.int64)
+    counter = torch.as_tensor(counter, device=seed.device).to(torch.int64)
+    index = torch.arange(size, dtype=torch.int64, device=seed.device)
+    key = _mix32(_mix32(seed) ^ _mix32(counter + 0x9E3779B9))
+    bits = _mix32(key ^ _mix32(index * 0x27D4EB2F + 0x165667B1))
+    return (bits >> 8).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def check_not_distributed():
+    """Raises a `ValueError` under several `torch.distributed` processes:
+    Keras's torch backend has no distribution for `fit` (no
+    `keras.distribution`, no gradient all-reduce), so each process would
+    train alone."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size() > 1:
+        raise ValueError(
+            "ASSpeed on PyTorch trains on one device: Keras's torch "
+            "backend has no distribution support for `fit`. Expected no "
+            "torch.distributed process group, or one of a single process. "
+            f"Received: a process group of {dist.get_world_size()} "
+            "processes. Use KERAS_BACKEND=jax with "
+            "keras.distribution.DataParallel, or tensorflow with "
+            "tf.distribute, to train on several devices."
+        )
+
+
+def _batch_size(x):
+    return next(t for t in keras.tree.flatten(x) if t is not None).shape[0]
+
+
+def _gradients(variables):
+    """The variables' `.grad`, zeros where a variable got none."""
+    return [
+        torch.zeros_like(v.value) if v.value.grad is None else v.value.grad
+        for v in variables
+    ]
+
+
+@contextlib.contextmanager
+def _recorded_rows(loss):
+    """Records `(y_true, values)` of the loss's `call` inside the block,
+    so that the masked rows are counted from the values the step's loss
+    computed: an eager step has no compiler to merge a second loss
+    computation into the first."""
+    recorded = []
+    if not isinstance(loss, keras.losses.Loss):
+        yield recorded
+        return
+    own = loss.__dict__.get("call")
+    call = loss.call
+
+    def recording(y_true, y_pred):
+        values = call(y_true, y_pred)
+        recorded.append((y_true, values))
+        return values
+
+    loss.call = recording
+    try:
+        yield recorded
+    finally:
+        if own is None:
+            del loss.call
+        else:
+            loss.call = own
+
+
+def _counts(model, recorded, y, y_pred, sample_weight):
+    """`(masked, counted)` rows of the step, as float32 scalars."""
+    if model.masked_outputs or len(recorded) != 1:
+        return model._count_masked(y, y_pred, sample_weight)
+    y_true, values = recorded[0]
+    counted, masked, _ = _filtering.row_flags(
+        model.loss, y_true, ops.cast(values, "float32"), sample_weight
+    )
+    return (
+        ops.sum(ops.cast(masked, "float32")),
+        ops.sum(ops.cast(counted, "float32")),
+    )
+
+
+class _Hooks:
+    """The passes of `_filtering.filtered_step` on PyTorch, each run only
+    when its predicate holds (one boolean read on the host); a training
+    pass adds its gradients to the window's sums (`accumulate`)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def maybe_score(self, pred, x):
+        """The scoring pass's predictions if `pred`, else zeros."""
+        if not bool(pred):
+            return self._no_output(x)
+        return self._score(x)
+
+    def maybe_train(self, pred, x, y, coefficients):
+        """`(None, y_pred, values, loss)` of the training pass if `pred`,
+        else zeros; the pass's gradients are added to the window's sums."""
+        if not bool(pred):
+            zero = torch.zeros((), dtype=torch.float32)
+            return (
+                None,
+                self._no_output(x),
+                torch.zeros_like(coefficients),
+                zero.to(coefficients.device),
+            )
+        model = self.model
+        variables = model.trainable_variables
+        with torch.enable_grad():
+            y_pred = model(x, training=True)
+            model.zero_grad()
+            values = _filtering.row_values(model.loss, y, y_pred)
+            loss = torch.sum(coefficients * values)
+            if model.losses:
+                loss = loss + sum(model.losses).to(loss.dtype)
+            model.optimizer.scale_loss(loss).backward()
+        model.optimizer.accumulate(_gradients(variables))
+        return None, y_pred.detach(), values.detach(), loss.detach()
+
+    def _no_output(self, x):
+        model = self.model
+        return keras.ops.zeros(
+            (_batch_size(x), *model._output_tail), model._output_dtype
+        )
+
+    def _score(self, x):
+        """A forward pass in training mode (dropout as in a plain step);
+        moving statistics such as `BatchNormalization`'s are put back, and
+        dropout's seed state is left to advance. In inference mode with
+        `SkipMasked(score_training=False)`."""
+        model = self.model
+        if not model._score_training:
+            return model(x, training=False)
+        saved_variables = [
+            v
+            for v in model.inner_model.non_trainable_variables
+            if not v.path.endswith("seed_generator_state")
+        ]
+        saved = [v.value.clone() for v in saved_variables]
+        y_pred = model(x, training=True)
+        for v, value in zip(saved_variables, saved):
+            v.assign(value)
+        return y_pred
+
+
+class ASSpeedTrainer:
+    """`train_step` and `test_step` of `ASSpeed` on PyTorch, eager (or
+    under `torch.compile` with `jit_compile=True`)."""
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        variables = self.trainable_variables
+        if not self.optimizer.built:
+            self.optimizer.build(variables)
+        if self.sample_filters:
+            # Only the training pass needs a graph (`_Hooks.maybe_train`).
+            with torch.no_grad():
+                inputs, output = self._filtered_step(
+                    x, y, sample_weight, _Hooks(self)
+                )
+            grads, rows, masked = None, output.rows, output.masked_rows
+            metric_args = (
+                inputs,
+                output.y,
+                output.y_pred,
+                output.metric_weight,
+            )
+            trained, scored = output.trained, output.scored
+            self._loss_tracker.update_state(
+                output.loss, sample_weight=output.loss_weight
+            )
+        else:
+            inputs, _ = filters.split_sample_ids(x)
+            y_pred = self.inner_model(inputs, training=True)
+            self.zero_grad()
+            with _recorded_rows(self.loss) as recorded:
+                loss = self.compute_loss(
+                    x=inputs,
+                    y=y,
+                    y_pred=y_pred,
+                    sample_weight=sample_weight,
+                    training=True,
+                )
+            self._loss_tracker.update_state(loss, sample_weight=_batch_size(x))
+            self.optimizer.scale_loss(loss).backward()
+            grads = _gradients(variables)
+            with torch.no_grad():
+                masked, rows = _counts(self, recorded, y, y_pred, sample_weight)
+            metric_args = (inputs, y, y_pred, sample_weight)
+            trained, scored = 1.0, None
+        with torch.no_grad():
+            self.optimizer.apply(
+                grads, variables, rows=rows, masked_rows=masked
+            )
+            logs = self._step_metrics(
+                *metric_args,
+                counts=(masked, rows),
+                trained=trained,
+                scored=scored,
+            )
+        logs["accum_steps"] = self.optimizer.accumulation_steps
+        return logs
+
+    def test_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        x, _ = filters.split_sample_ids(x)
+        return super().test_step(
+            keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+        )
