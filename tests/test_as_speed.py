@@ -1010,7 +1010,7 @@ def test_torch_compile_gives_the_eager_weights(sample_filter):
     def fit(jit_compile):
         wrapped = kas.ASSpeed(
             make_model(),
-            lam=1.0,
+            lam=3.0,
             max_steps=2,
             sample_filter=sample_filter and kas.filters.SkipMasked(0.0),
         )
