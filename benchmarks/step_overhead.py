@@ -24,6 +24,7 @@ Usage:
 ```
 python benchmarks/step_overhead.py
 KERAS_BACKEND=jax python benchmarks/step_overhead.py
+KERAS_BACKEND=torch python benchmarks/step_overhead.py --jit-compile auto
 python benchmarks/step_overhead.py --steps-per-execution 8
 python benchmarks/step_overhead.py --quick     # smoke run
 ```
@@ -57,6 +58,12 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps-per-execution", type=int, default=1)
+    parser.add_argument(
+        "--jit-compile",
+        choices=("true", "auto"),
+        default="true",
+        help="`auto`: Keras's default (eager on PyTorch)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.samples, args.warmup, args.rounds = 512, 2, 2
@@ -95,7 +102,7 @@ def make_model(variant, n, args):
     model.compile(
         optimizer=keras.optimizers.Adam(1e-3),
         loss=kas.ASSoftmaxLoss(0.3),
-        jit_compile=True,
+        jit_compile=True if args.jit_compile == "true" else "auto",
         steps_per_execution=args.steps_per_execution,
     )
     return model
@@ -114,7 +121,8 @@ def main(argv=None):
     print(
         f"backend={keras.backend.backend()} samples={args.samples} "
         f"batch={args.batch_size} warmup={args.warmup} rounds={args.rounds} "
-        f"steps_per_execution={args.steps_per_execution}"
+        f"steps_per_execution={args.steps_per_execution} "
+        f"jit_compile={args.jit_compile}"
     )
     print_table(seconds, logs, steps, reference=next(iter(fits)))
 
