@@ -299,6 +299,23 @@ def test_schedule_warms_up_and_anneals():
     assert active == [False, True, True, True, True, True, False, False]
 
 
+def test_draws_are_uniform_and_a_function_of_seed_and_counter():
+    from keras_as_softmax.training.as_speed import stateless_uniform
+
+    def draws(size, seed, counter):
+        seed = ops.convert_to_tensor(seed, "int32")
+        counter = ops.convert_to_tensor(counter, "int32")
+        return ops.convert_to_numpy(stateless_uniform(size, seed, counter))
+
+    first = draws(20000, 7, 3)
+    assert 0.0 <= first.min() and first.max() < 1.0
+    assert abs(first.mean() - 0.5) < 0.01
+    np.testing.assert_array_equal(draws(20000, 7, 3), first)
+    for other in (draws(20000, 7, 4), draws(20000, 8, 3)):
+        assert abs(np.corrcoef(first, other)[0, 1]) < 0.03
+        assert np.mean(first == other) < 0.01
+
+
 # --------------------------------------------------------------- training
 
 
