@@ -200,6 +200,9 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         """Adds `grads` to the window's sums in place, without counting a
         micro-batch (a trainer that adds a pass's gradients where the pass
         runs, then calls `apply(None, ...)`)."""
+        if keras.backend.backend() == "torch":
+            self._torch_accumulate(grads)
+            return
         self._assign_window(accumulation.add_gradients(self._window(), grads))
 
     def apply(self, grads, trainable_variables=None, rows=0.0, masked_rows=0.0):
@@ -232,6 +235,8 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
                 variable.assign(value)
             for variable, value in zip(self.variables, new_state):
                 variable.assign(value)
+        elif backend == "torch":
+            self._torch_apply(grads, trainable_variables, rows, masked_rows)
         else:
             self._common_apply(grads, trainable_variables, rows, masked_rows)
 
@@ -254,6 +259,44 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             lambda: self._finish(trainable_variables),
             lambda: None,
         )
+
+    def _torch_accumulate(self, grads):
+        import torch
+
+        counts = self.window_counts.value
+        with torch.no_grad():
+            sums = [v.value for v in self.grad_sums]
+            added = [
+                (s, torch.as_tensor(g, dtype=s.dtype, device=s.device))
+                for s, g in zip(sums, grads)
+                if g is not None
+            ]
+            targets, values = [s for s, _ in added], [g for _, g in added]
+            if bool(counts[4]):
+                torch._foreach_add_(targets, values)
+                return
+            for total, grad in zip(sums, grads):
+                if grad is None:
+                    total.zero_()
+            torch._foreach_copy_(targets, values)
+            counts[4] = 1.0
+
+    def _torch_apply(self, grads, trainable_variables, rows, masked_rows):
+        """PyTorch runs eagerly: the window's end is a Python `if` on one
+        value read on the host, as the torch trainer decides its passes
+        (`keras.ops.cond` would build an operation on every call), and the
+        sums and counts are updated in place."""
+        import torch
+
+        if grads is not None:
+            self._torch_accumulate(grads)
+        counts = self.window_counts.value
+        with torch.no_grad():
+            counts[0] += 1.0
+            counts[1] += rows
+            counts[2] += masked_rows
+        if bool(counts[0] >= counts[3]):
+            self._finish(trainable_variables)
 
     def _tf_apply(self, grads, trainable_variables, rows, masked_rows):
         """TensorFlow: under several replicas, every replica adds the
