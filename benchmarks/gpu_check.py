@@ -34,8 +34,9 @@ On JAX and PyTorch, TensorFlow is hidden from this process, as on a GPU
 image without it. On PyTorch, `--jit-compile auto` (Keras's default there)
 runs the steps eagerly; `true` uses `torch.compile`. `--variants` times
 a subset (softmax always). `--quick` runs a 2-layer backbone of hidden
-size 32 on 512 sentences of 16 tokens, a smoke test on the CPU. It prints its table;
-`benchmarks/README.md` says where a run's output is kept.
+size 32 on 512 sentences of 16 tokens, a smoke test on the CPU. It
+prints its table; `benchmarks/README.md` says where a run's output is
+kept.
 
 Usage:
 
