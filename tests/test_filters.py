@@ -69,6 +69,16 @@ class RecordingHooks:
         values = _filtering.row_values(kas.ASSoftmaxLoss(0.3), y, logits)
         return [ops.zeros((1,), "float32")], logits, values, ops.sum(values)
 
+    # The unconditional passes of `_filtering.kept_rows_step`.
+    def score(self, x):
+        return self.maybe_score(True, x)
+
+    def train(self, x, y, coefficients):
+        return self.maybe_train(True, x, y, coefficients)
+
+    def no_output(self, x):
+        return ops.zeros((len(ops.convert_to_numpy(x)), NUM_CLASSES))
+
     def _predict(self, x):
         ids = ops.convert_to_numpy(x)[:, 0].astype(int)
         logits = np.zeros((len(ids), NUM_CLASSES), "float32")
@@ -76,7 +86,9 @@ class RecordingHooks:
         return logits, ids
 
 
-def run_pipeline(sample_filter, easy, n=32, batch=4, epochs=3):
+def run_pipeline(
+    sample_filter, easy, n=32, batch=4, epochs=3, step=_filtering.filtered_step
+):
     sample_filter = filters.as_list(sample_filter)
     last_seen = next((f for f in sample_filter if not f.scores), None)
     skip = next((f for f in sample_filter if f.scores), None)
@@ -127,7 +139,7 @@ def run_pipeline(sample_filter, easy, n=32, batch=4, epochs=3):
             draws = ops.convert_to_tensor(
                 rng.uniform(size=batch).astype("float32")
             )
-            output, state = _filtering.filtered_step(
+            output, state = step(
                 model,
                 state,
                 x,
@@ -171,6 +183,47 @@ def test_every_training_pass_holds_a_full_batch_of_kept_samples(sample_filter):
         hard_counts = np.bincount(later, minlength=32)[1::2]
         assert hard_counts.min() >= 1
         assert len(later) < 2 * 32
+
+
+@pytest.mark.parametrize(
+    "make_filter",
+    [
+        lambda: filters.SkipMasked(min_masked_ratio=0.0),
+        lambda: filters.SkipMaskedLastSeen(32, revisit=0.25),
+        lambda: [
+            filters.SkipMaskedLastSeen(32, revisit=0.25),
+            filters.SkipMasked(0.0),
+        ],
+        lambda: filters.InfoBatch(32, prune=0.75, anneal_fraction=0.0),
+        lambda: filters.SelectiveBackprop(seed=0),
+    ],
+    ids=["skip_masked", "last_seen", "both", "infobatch", "selective"],
+)
+def test_kept_rows_train_the_samples_the_queue_does(make_filter):
+    """PyTorch's eager step (passes on exactly the kept rows) trains, each
+    epoch, the samples that the queue trains, with the same coefficients,
+    given the same scores and draws."""
+    easy = set(range(0, 32, 2))
+
+    def trained(step):
+        hooks, per_epoch, _ = run_pipeline(make_filter(), easy, step=step)
+        epochs = [
+            sorted(
+                (int(i), float(c))
+                for ids, coefficients in passes
+                for i, c in zip(ids, coefficients)
+            )
+            for passes in per_epoch
+        ]
+        return hooks, epochs
+
+    _, queued = trained(_filtering.filtered_step)
+    hooks, kept = trained(_filtering.kept_rows_step)
+    assert kept == queued
+    assert sum(len(e) for e in kept) < 3 * 32  # the filters left some out
+    # A pass holds kept rows of one drawn batch, never a sample twice.
+    for ids, _ in hooks.trained:
+        assert 0 < len(ids) <= 4 and len(set(ids.tolist())) == len(ids)
 
 
 class T:

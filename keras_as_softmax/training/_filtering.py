@@ -212,6 +212,79 @@ def _apply_weight(rows, go, keep, weight):
     return keep, rows._replace(coefficients=coefficients)
 
 
+def _drawn_rows(model, x, y, sample_weight, ids):
+    """The drawn batch as `Rows`, each with its coefficient in the batch's
+    loss, none counted yet."""
+    x_leaves = keras.tree.flatten(x)
+    y_leaves = keras.tree.flatten(y)
+    batch = ops.shape(x_leaves[0])[0]
+    row_shape = (batch, *model._row_tail)
+    coefficients = row_coefficients(
+        model.loss, y_leaves[0], sample_weight, row_shape
+    )
+    metric_weight = (
+        ops.ones(row_shape, "float32")
+        if sample_weight is None
+        else _to_rows(sample_weight, coefficients)
+    )
+    if ids is None:
+        ids = ops.zeros((batch,), "int32")
+    return Rows(
+        x_leaves,
+        y_leaves,
+        coefficients,
+        metric_weight,
+        ops.cast(ids, "int32"),
+        ops.zeros((batch,), "float32"),
+    )
+
+
+def _memory_skipped(loss, rows, keep):
+    """Counted rows of the samples a memory filter leaves out: they count
+    as masked for AS-Speed's rule."""
+    valid = ops.cast(
+        row_valid(loss, rows.y[0], ops.shape(rows.coefficients)), "float32"
+    )
+    skipped = _broadcast_rows(ops.cast(ops.logical_not(keep), "float32"), valid)
+    return ops.sum(valid * skipped)
+
+
+def _scoring_view(loss, rows, y, y_pred, go, draws, epoch, epochs):
+    """`(view, counted, masked, values)` of a scoring pass over `rows`."""
+    counted, masked, values = _pass_flags(loss, rows, y, y_pred, go)
+    sample_masked = _sample_masked(counted, masked)
+
+    def masked_with_margin(margin):
+        strict = row_values(loss, y, y_pred, margin)
+        strict = ops.logical_and(counted, ops.equal(strict, 0.0))
+        return _sample_masked(counted, strict)
+
+    view = View(
+        rows.ids,
+        draws,
+        epoch,
+        epochs,
+        sample_loss=_sample_loss(counted, values),
+        sample_masked=sample_masked,
+        counted=_sample_counted(counted),
+        masked_with_margin=masked_with_margin,
+    )
+    return view, counted, masked, values
+
+
+def _seen(rows, ran, counted, masked, values, n_all, n_masked, epoch):
+    """What the filters observe of a pass over `rows` (if `ran`)."""
+    return Seen(
+        rows.ids,
+        _rows_of(ran, rows),
+        _sample_loss(counted, values),
+        _sample_masked(counted, masked),
+        n_all,
+        n_masked,
+        epoch,
+    )
+
+
 def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
     """One train step with filters.
 
@@ -234,28 +307,9 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
     scoring_at = [i for i, f in enumerate(filters) if f.scores]
     loss = model.loss
     size = model._filter_batch_size
-    x_leaves = keras.tree.flatten(x)
-    y_leaves = keras.tree.flatten(y)
-    y_main = y_leaves[0]
-    batch = ops.shape(x_leaves[0])[0]
-    row_shape = (batch, *model._row_tail)
-    coefficients = row_coefficients(loss, y_main, sample_weight, row_shape)
-    metric_weight = (
-        ops.ones(row_shape, "float32")
-        if sample_weight is None
-        else _to_rows(sample_weight, coefficients)
-    )
-    if ids is None:
-        ids = ops.zeros((batch,), "int32")
-    rows = Rows(
-        x_leaves,
-        y_leaves,
-        coefficients,
-        metric_weight,
-        ops.cast(ids, "int32"),
-        ops.zeros((batch,), "float32"),
-    )
-    n_x, n_y = len(x_leaves), len(y_leaves)
+    rows = _drawn_rows(model, x, y, sample_weight, ids)
+    batch = ops.shape(rows.ids)[0]
+    n_x, n_y = len(rows.x), len(rows.y)
     epoch, epochs = model._epoch_state()
     count_all = ops.zeros((), "float32")
     count_masked = ops.zeros((), "float32")
@@ -269,13 +323,9 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         keep, rows = _apply_weight(
             rows, memory_filter.active(epoch, epochs), keep, weight
         )
-        # Left-out samples count as masked for AS-Speed's rule.
-        valid = ops.cast(row_valid(loss, y_main, row_shape), "float32")
-        skipped = _broadcast_rows(
-            ops.cast(ops.logical_not(keep), "float32"), valid
-        )
-        count_all += ops.sum(valid * skipped)
-        count_masked += ops.sum(valid * skipped)
+        skipped = _memory_skipped(loss, rows, keep)
+        count_all += skipped
+        count_masked += skipped
         if not scoring_at:
             state = state._replace(
                 train_queue=_queue.push(state.train_queue, rows.flat(), keep)
@@ -302,27 +352,11 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         score_x = keras.tree.pack_sequence_as(x, rows.x)
         score_y = keras.tree.pack_sequence_as(y, rows.y)
         y_pred = hooks.maybe_score(go, score_x)
-        counted, masked, values = _pass_flags(loss, rows, score_y, y_pred, go)
-        scored_rows = (score_y, y_pred, rows, values)
-        sample_masked = _sample_masked(counted, masked)
-        sample_loss = _sample_loss(counted, values)
-
-        def masked_with_margin(margin, counted=counted, y=score_y, p=y_pred):
-            strict = row_values(loss, y, p, margin)
-            strict = ops.logical_and(counted, ops.equal(strict, 0.0))
-            return _sample_masked(counted, strict)
-
         n_rows = ops.shape(rows.ids)[0]
-        view = View(
-            rows.ids,
-            draws(i, n_rows),
-            epoch,
-            epochs,
-            sample_loss=sample_loss,
-            sample_masked=sample_masked,
-            counted=_sample_counted(counted),
-            masked_with_margin=masked_with_margin,
+        view, counted, masked, values = _scoring_view(
+            loss, rows, score_y, y_pred, go, draws(i, n_rows), epoch, epochs
         )
+        scored_rows = (score_y, y_pred, rows, values)
         keep, weight = scoring_filter.select(view, states[i])
         keep, rows = _apply_weight(rows, go, keep, weight)
         if ready is not None:
@@ -335,15 +369,7 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         states = _observe(
             filters,
             states,
-            Seen(
-                rows.ids,
-                _rows_of(go, rows),
-                sample_loss,
-                sample_masked,
-                n_all,
-                n_masked,
-                epoch,
-            ),
+            _seen(rows, go, counted, masked, values, n_all, n_masked, epoch),
         )
         rows = rows._replace(
             counted=ops.where(go, ops.ones_like(rows.counted), rows.counted)
@@ -366,31 +392,47 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
     counted, masked, values = _pass_flags(
         loss, rows, train_y, y_pred, full, values
     )
-    # Rows scored this step were counted then.
-    fresh = _broadcast_rows(1.0 - rows.counted, values)
-    n_all = ops.sum(ops.cast(counted, "float32") * fresh)
-    n_masked = ops.sum(ops.cast(masked, "float32") * fresh)
+    n_all, n_masked = _fresh_counts(rows, counted, masked)
     states = _observe(
         filters,
         states,
-        Seen(
-            rows.ids,
-            _rows_of(full, rows),
-            _sample_loss(counted, values),
-            _sample_masked(counted, masked),
-            n_all,
-            n_masked,
-            epoch,
-        ),
+        _seen(rows, full, counted, masked, values, n_all, n_masked, epoch),
     )
     state = state._replace(states=states)
     trained = ops.cast(full, "float32")
-    metric_y, metric_pred = train_y, y_pred
-    metric_weight = rows.metric_weight * trained
-    loss_weight = trained
-    if scoring_at:
-        # The logs cover what a plain step's would, the rows drawn, where a
-        # scoring pass saw them; else the rows a training pass ran on.
+    train_out = (train_y, y_pred, rows.metric_weight * trained, value, trained)
+    output = _output(
+        grads,
+        trained,
+        scored,
+        count_all + n_all,
+        count_masked + n_masked,
+        train_out,
+        scored_rows if scoring_at else None,
+        go if scoring_at else None,
+    )
+    return output, state
+
+
+def _fresh_counts(rows, counted, masked):
+    """`(counted, masked)` rows of a training pass that no scoring pass
+    counted this step."""
+    fresh = _broadcast_rows(1.0 - rows.counted, ops.cast(counted, "float32"))
+    return (
+        ops.sum(ops.cast(counted, "float32") * fresh),
+        ops.sum(ops.cast(masked, "float32") * fresh),
+    )
+
+
+def _output(
+    grads, trained, scored, rows, masked_rows, train_out, scored_rows, go
+):
+    """The `StepOutput`. The logs cover what a plain step's would, the rows
+    drawn, where a scoring pass saw them; else the rows a training pass ran
+    on (`train_out`: labels, predictions, metric weights, loss, loss
+    weight)."""
+    metric_y, metric_pred, metric_weight, value, loss_weight = train_out
+    if scored_rows is not None:
         score_y, score_pred, score_rows, score_values = scored_rows
         pick = lambda a, b: ops.where(go, a, b)  # noqa: E731
         metric_y = keras.tree.map_structure(pick, score_y, metric_y)
@@ -398,16 +440,149 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         metric_weight = pick(score_rows.metric_weight, metric_weight)
         value = pick(ops.sum(score_rows.coefficients * score_values), value)
         loss_weight = pick(1.0, loss_weight)
-    output = StepOutput(
+    return StepOutput(
         grads=grads,
         trained=trained,
         scored=scored,
-        rows=count_all + n_all,
-        masked_rows=count_masked + n_masked,
+        rows=rows,
+        masked_rows=masked_rows,
         y=metric_y,
         y_pred=metric_pred,
         metric_weight=metric_weight,
         loss=value,
         loss_weight=loss_weight,
     )
-    return output, state
+
+
+def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
+    """One train step with filters, each pass on exactly the rows kept.
+
+    For a backend whose batch shape may change from step to step (PyTorch,
+    eager). The filters decide as in `filtered_step`, with no queue: a
+    scoring pass runs on the rows that the memory filter keeps, the
+    training pass on the rows that the scoring filter keeps, in the step
+    that drew them, and a pass with no rows does not run. A row's gradient
+    is the same as through the queue; it is taken with the weights of the
+    step that drew it.
+
+    `hooks.score(x)` returns the predictions of a scoring pass;
+    `hooks.train(x, y, coefficients)` returns what `maybe_train` does.
+
+    Returns:
+        `(StepOutput, FilterState)`, the queues left as they were;
+        `trained` is the share of the drawn samples trained on.
+    """
+    filters = model.sample_filters
+    states = list(state.states)
+    loss = model.loss
+    rows = _drawn_rows(model, x, y, sample_weight, ids)
+    batch = ops.shape(rows.ids)[0]
+    epoch, epochs = model._epoch_state()
+    count_all = ops.zeros((), "float32")
+    count_masked = ops.zeros((), "float32")
+
+    def take(rows, keep):
+        index = ops.nonzero(keep)[0]
+        leaves = [ops.take(t, index, axis=0) for t in rows.flat()]
+        return Rows.unflat(leaves, len(rows.x), len(rows.y))
+
+    def size(rows):
+        return ops.shape(rows.ids)[0]
+
+    for i in (i for i, f in enumerate(filters) if not f.scores):
+        memory_filter = filters[i]
+        view = View(rows.ids, draws(i, batch), epoch, epochs)
+        keep, weight = memory_filter.select(view, states[i])
+        keep, rows = _apply_weight(
+            rows, memory_filter.active(epoch, epochs), keep, weight
+        )
+        skipped = _memory_skipped(loss, rows, keep)
+        count_all += skipped
+        count_masked += skipped
+        rows = take(rows, keep)
+
+    scored = ops.zeros((), "float32")
+    metric_out = None
+    for i in (i for i, f in enumerate(filters) if f.scores):
+        scoring_filter = filters[i]
+        go = ops.logical_and(
+            scoring_filter.active(epoch, epochs),
+            scoring_filter.should_score(states[i]),
+        )
+        if not (size(rows) and bool(go)):
+            continue
+        score_y = keras.tree.pack_sequence_as(y, rows.y)
+        y_pred = hooks.score(keras.tree.pack_sequence_as(x, rows.x))
+        view, counted, masked, values = _scoring_view(
+            loss,
+            rows,
+            score_y,
+            y_pred,
+            True,
+            draws(i, size(rows)),
+            epoch,
+            epochs,
+        )
+        metric_out = (
+            score_y,
+            y_pred,
+            rows.metric_weight,
+            ops.sum(rows.coefficients * values),
+            ops.ones((), "float32"),
+        )
+        keep, weight = scoring_filter.select(view, states[i])
+        keep, rows = _apply_weight(rows, True, keep, weight)
+        n_all = ops.sum(ops.cast(counted, "float32"))
+        n_masked = ops.sum(ops.cast(masked, "float32"))
+        scored = ops.ones((), "float32")
+        count_all += n_all
+        count_masked += n_masked
+        states = _observe(
+            filters,
+            states,
+            _seen(rows, True, counted, masked, values, n_all, n_masked, epoch),
+        )
+        rows = rows._replace(counted=ops.ones_like(rows.counted))
+        rows = take(rows, keep)
+
+    grads, n_all, n_masked = None, 0.0, 0.0
+    if size(rows):
+        train_y = keras.tree.pack_sequence_as(y, rows.y)
+        grads, y_pred, values, value = hooks.train(
+            keras.tree.pack_sequence_as(x, rows.x), train_y, rows.coefficients
+        )
+        counted, masked, values = _pass_flags(
+            loss, rows, train_y, y_pred, True, values
+        )
+        n_all, n_masked = _fresh_counts(rows, counted, masked)
+        states = _observe(
+            filters,
+            states,
+            _seen(rows, True, counted, masked, values, n_all, n_masked, epoch),
+        )
+        if metric_out is None:
+            one = ops.ones((), "float32")
+            metric_out = (train_y, y_pred, rows.metric_weight, value, one)
+    if metric_out is None:
+        # Nothing ran: the drawn rows, weighted 0.
+        drawn = _drawn_rows(model, x, y, sample_weight, ids)
+        zero = ops.zeros((), "float32")
+        metric_out = (
+            y,
+            hooks.no_output(x),
+            ops.zeros_like(drawn.metric_weight),
+            zero,
+            zero,
+        )
+    trained = ops.cast(size(rows), "float32") / ops.cast(batch, "float32")
+    output = _output(
+        grads,
+        trained,
+        scored,
+        count_all + n_all,
+        count_masked + n_masked,
+        metric_out,
+        None,
+        None,
+    )
+    return output, state._replace(states=states)

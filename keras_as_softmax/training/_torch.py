@@ -3,11 +3,18 @@
 The step keeps the shape of Keras's own (`keras/src/backend/torch/
 trainer.py`): a forward pass, `loss.backward()`, the gradients read from
 `.grad`, and `optimizer.apply` under `torch.no_grad()`. The accumulation
-window is `AccumulatingOptimizer`'s and the filters run through
-`_filtering.filtered_step`, as on the other backends. `keras.ops.cond` is
-a Python `if` on PyTorch, so the end of a window, a scoring pass and a
-training pass are each decided by reading one boolean on the host: on a
-CPU that costs nothing, on a GPU it waits for the step's work so far.
+window is `AccumulatingOptimizer`'s, as on the other backends.
+
+The filters take their decisions as there, and each pass runs on exactly
+the rows kept (`_filtering.kept_rows_step`): an eager step's batch may
+change its shape from step to step, so no queue waits for a full batch.
+Under `torch.compile` (`jit_compile=True`), where a new shape would
+compile again, they go through the queue of `batch_size` rows that
+TensorFlow and JAX use (`_filtering.filtered_step`).
+
+`keras.ops.cond` is a Python `if` on PyTorch, so the end of a window and
+each pass are decided on the host: on a CPU that costs nothing, on a GPU
+it waits for the step's work so far.
 """
 
 import contextlib
@@ -119,30 +126,35 @@ def _counts(model, recorded, y, y_pred, sample_weight):
 
 
 class _Hooks:
-    """The passes of `_filtering.filtered_step` on PyTorch, each run only
-    when its predicate holds (one boolean read on the host); a training
-    pass adds its gradients to the window's sums (`accumulate`)."""
+    """The passes of a filtered step on PyTorch. `score` and `train` run a
+    pass (for `_filtering.kept_rows_step`); `maybe_score` and `maybe_train`
+    run it only when its predicate holds, one boolean read on the host (for
+    `_filtering.filtered_step` under `torch.compile`). A training pass adds
+    its gradients to the window's sums (`accumulate`)."""
 
     def __init__(self, model):
         self.model = model
 
     def maybe_score(self, pred, x):
         """The scoring pass's predictions if `pred`, else zeros."""
-        if not bool(pred):
-            return self._no_output(x)
-        return self._score(x)
+        return self.score(x) if bool(pred) else self.no_output(x)
 
     def maybe_train(self, pred, x, y, coefficients):
-        """`(None, y_pred, values, loss)` of the training pass if `pred`,
-        else zeros; the pass's gradients are added to the window's sums."""
-        if not bool(pred):
-            zero = torch.zeros((), dtype=torch.float32)
-            return (
-                None,
-                self._no_output(x),
-                torch.zeros_like(coefficients),
-                zero.to(coefficients.device),
-            )
+        """`train`'s results if `pred`, else zeros."""
+        if bool(pred):
+            return self.train(x, y, coefficients)
+        zero = torch.zeros((), dtype=torch.float32)
+        return (
+            None,
+            self.no_output(x),
+            torch.zeros_like(coefficients),
+            zero.to(coefficients.device),
+        )
+
+    def train(self, x, y, coefficients):
+        """`(None, y_pred, values, loss)` of a training pass minimising
+        `sum(coefficients * values)`; its gradients are added to the
+        window's sums."""
         model = self.model
         variables = model.trainable_variables
         with torch.enable_grad():
@@ -156,13 +168,14 @@ class _Hooks:
         model.optimizer.accumulate(_gradients(variables))
         return None, y_pred.detach(), values.detach(), loss.detach()
 
-    def _no_output(self, x):
+    def no_output(self, x):
+        """Zeros in the shape of the model's output for `x`."""
         model = self.model
         return keras.ops.zeros(
             (_batch_size(x), *model._output_tail), model._output_dtype
         )
 
-    def _score(self, x):
+    def score(self, x):
         """A forward pass in training mode (dropout as in a plain step);
         moving statistics such as `BatchNormalization`'s are put back, and
         dropout's seed state is left to advance. In inference mode with
@@ -186,6 +199,12 @@ class ASSpeedTrainer:
     """`train_step` and `test_step` of `ASSpeed` on PyTorch, eager (or
     under `torch.compile` with `jit_compile=True`)."""
 
+    @property
+    def _kept_rows(self):
+        """Whether the filters' passes run on exactly the kept rows: in
+        eager steps, not under `torch.compile`."""
+        return not self.jit_compile
+
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         variables = self.trainable_variables
@@ -195,7 +214,11 @@ class ASSpeedTrainer:
             # Only the training pass needs a graph (`_Hooks.maybe_train`).
             with torch.no_grad():
                 inputs, output = self._filtered_step(
-                    x, y, sample_weight, _Hooks(self)
+                    x,
+                    y,
+                    sample_weight,
+                    _Hooks(self),
+                    kept_rows=self._kept_rows,
                 )
             grads, rows, masked = None, output.rows, output.masked_rows
             metric_args = (

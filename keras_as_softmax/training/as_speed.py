@@ -334,11 +334,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 found += [*q.buffers, q.count]
         return found
 
-    def _filtered_step(self, x, y, sample_weight, hooks, gather=None):
+    def _filtered_step(
+        self, x, y, sample_weight, hooks, gather=None, kept_rows=False
+    ):
         """Runs the filters on a drawn batch and keeps their new state.
 
         `gather`, under several replicas, all-gathers a replica's rows into
         the global batch, which the filters then see on every replica.
+        `kept_rows`: passes on exactly the rows kept, no queue
+        (`_filtering.kept_rows_step`), where shapes may change.
 
         Returns:
             `(inputs, output)`: the inputs without sample ids, and the
@@ -360,7 +364,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             seed = self._filter_seeds.value[index]
             return stateless_uniform(size, seed, self._drawn.value)
 
-        output, state = _filtering.filtered_step(
+        step = (
+            _filtering.kept_rows_step if kept_rows else _filtering.filtered_step
+        )
+        output, state = step(
             self,
             self._filter_state(),
             inputs,
