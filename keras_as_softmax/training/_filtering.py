@@ -59,6 +59,10 @@ class StepOutput(NamedTuple):
     loss: object  # the loss of those rows (0 if no pass ran)
     loss_weight: object  # float32 scalar: the loss's weight in the mean
 
+    def metric_args(self, inputs):
+        """`(x, y, y_pred, sample_weight)` for the step's metrics."""
+        return inputs, self.y, self.y_pred, self.metric_weight
+
 
 def row_flags(loss, y, values, sample_weight):
     """`(counted, masked, valid)` bool per row from per-row loss values.

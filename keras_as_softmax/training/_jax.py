@@ -181,12 +181,7 @@ class ASSpeedTrainer:
             )
             grads, rows, masked = output.grads, output.rows, output.masked_rows
             loss_value, loss_weight = output.loss, output.loss_weight
-            metric_args = (
-                inputs,
-                output.y,
-                output.y_pred,
-                output.metric_weight,
-            )
+            metric_args = output.metric_args(inputs)
             trained, scored = output.trained, output.scored
         else:
             grad_fn = jax.value_and_grad(

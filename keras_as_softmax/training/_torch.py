@@ -221,12 +221,7 @@ class ASSpeedTrainer:
                     kept_rows=self._kept_rows,
                 )
             grads, rows, masked = None, output.rows, output.masked_rows
-            metric_args = (
-                inputs,
-                output.y,
-                output.y_pred,
-                output.metric_weight,
-            )
+            metric_args = output.metric_args(inputs)
             trained, scored = output.trained, output.scored
             self._loss_tracker.update_state(
                 output.loss, sample_weight=output.loss_weight
