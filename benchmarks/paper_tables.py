@@ -37,6 +37,7 @@ CoNLL-2003 for `token`, Eurlex for `multilabel`. Chosen once, not tuned
 | multiclass | sparse_softmax | top-k cross entropy | k 10 |
 | multiclass | as_softmax | AS-Softmax | delta 0.3, warm-up r 0.15 |
 | multiclass | as_speed_hybrid | AS-Speed + filters (b) | as AS, lam 0.5, s 5 |
+| multiclass | as_speed_skip | AS-Speed + SkipMasked (c) | as AS, lam 0.5, s 5 |
 | multilabel | bce | binary cross entropy | |
 | multilabel | mlce | multi-label categorical CE | |
 | multilabel | as_softmax | multi-label AS-Softmax | delta 0.05 |
@@ -49,20 +50,20 @@ CoNLL-2003 for `token`, Eurlex for `multilabel`. Chosen once, not tuned
 (a) the issue's choice; the paper's Table 6 has 0.20 on Clinc_oos, 0.10
 on CoNLL-2003. (b) AS-Softmax in `ASSpeed` with the sample filters
 `[SkipMaskedLastSeen(revisit=0.2), SkipMasked()]` (the lab's
-`as_skip_hybrid`); the paper's AS-Speed has no filter.
+`as_skip_hybrid`); the paper's AS-Speed has no filter. (c) What the
+README advises a user to start with.
 
 The `*_scratch` regime uses the same losses with warm-up r = 0 (the
 warm-up is a share of a planned number of steps, which early stopping
 does not have).
 
-Training, fine-tuning (`FINETUNE` below): the first 128 training
-sentences of each task, the first 128 validation and 256 test sentences,
-length 32, batch 16, 3 epochs, 2 evaluations per epoch (6 points for
-Pearson), AdamW 1e-4, weight decay 0.01. Chosen from a measured short run
-on this 2-core CPU while another benchmark shared it: about 14 training
-sentences/s at length 32, 21-30 s to trace a MiniLM train step, about
-56 sentences/s of evaluation; 384 sentences x 4 epochs took 185 s a run,
-too many for 51 runs. From scratch (`SCRATCH`): the full splits
+Training, fine-tuning (`FINETUNE` below): the first 2048 training
+sentences of each task, the first 300 validation and 300 test sentences,
+length 32, batch 32, 8 epochs with one evaluation each (the size at which
+`benchmarks/as_speed.py` sees MiniLM converge on the multi-class task),
+AdamW 1e-4, weight decay 0.01. Every run trains the full 8 epochs and
+scores validation and test at each epoch, so that each stopping rule is
+replayed on the same run. From scratch (`SCRATCH`): the full splits
 (multi-class 20,060 / 2,006 / 2,006; multi-label 12,000 / 1,500 / 1,500;
 tokens 20,000 / 2,000 / 2,000), length 32, batch 256, AdamW 5e-3,
 embedding 64 (CNN: 64 wide, kernel 3), one evaluation per epoch, at most
@@ -71,23 +72,26 @@ embedding 64 (CNN: 64 wide, kernel 3), one evaluation per epoch, at most
 TensorFlow graphs (`jit_compile=False`, as `benchmarks/as_speed.py`),
 seeds 0, 1, 2.
 
-What the full run costs: on 2026-11-23's shared 2-core machine (load
-average 4-6 from other jobs) a scratch seed of all 17 rows took about
-10 minutes, and a fine-tuning run 105-145 s (about 25-30 s of it tracing
-the train step), so all 102 runs need about 2 hours there, not the hour
-planned. The committed JSON was cut at the session's time limit; its
-Markdown lists the `--resume` commands and the rows with fewer
-seeds.
+What the full run costs: a scratch seed of all 18 rows took about 10
+minutes on 2026-11-23's shared 2-core machine. A fine-tuning run at the
+size above trains 16,384 sentences: about 10 minutes on one core of this
+CPU (MiniLM trains 30 sentences/s), so the 54 fine-tuning runs take about
+9 hours: run them across sessions with `--resume`, which keeps the
+finished runs of the JSON and runs again a task whose runs were made at
+another size. The Markdown lists the rows with fewer seeds.
 
 Measured per run: validation and test metric at the last epoch, at the
-evaluation with the best validation metric, and at the one with the
-lowest validation loss (the method's own loss with its final
-hyper-parameters: what `EarlyStopping(monitor="val_loss")` keeps); the
-Pearson correlation of validation loss and metric over the evaluations;
-training seconds (compile and evaluation excluded); the masked share of
-the last epoch's batches (for methods that do not train with AS-Softmax,
-the share an `ASSoftmaxLoss(delta)` *would* mask). Per method, the per-seed
-differences from the task's reference row.
+evaluation with the best validation metric, at the one with the lowest
+validation loss (the method's own loss with its final hyper-parameters),
+and where `keras.callbacks.EarlyStopping(monitor="val_loss",
+patience=2, restore_best_weights=True)` would have ended (replayed on
+the per-epoch evaluations); whether the validation metric peaked before
+the last evaluation; the Pearson correlation of validation loss and
+metric over the evaluations; training seconds (compile and evaluation
+excluded); the masked share of the last epoch's batches (for methods that
+do not train with AS-Softmax, the share an `ASSoftmaxLoss(delta)`
+*would* mask). Per method, the per-seed differences from the task's
+reference row.
 
 Usage (from the repository root):
 
@@ -178,6 +182,15 @@ ROWS = {
             lam=0.5,
             max_steps=5,
         ),
+        # What the README advises: AS-Softmax with `SkipMasked()`.
+        Row(
+            "as_speed_skip",
+            "as_skip",
+            "AS-Speed + SkipMasked()",
+            **AS,
+            lam=0.5,
+            max_steps=5,
+        ),
     ),
     "multilabel": (
         Row("bce", "bce", "BCE"),
@@ -228,16 +241,19 @@ SOURCES = {
 }
 
 FINETUNE = dict(
-    train=128,
-    validation=128,
-    test=256,
+    train=2048,
+    validation=300,
+    test=300,
     sequence_length=32,
-    batch_size=16,
-    epochs=3,
-    evals_per_epoch=2,
+    batch_size=32,
+    epochs=8,
+    evals_per_epoch=1,
     learning_rate=1e-4,
     patience=None,
 )
+# `EarlyStopping(monitor="val_loss", patience=..., restore_best_weights=True)`
+# replayed on each run's evaluations.
+EARLY_STOPPING_PATIENCE = 2
 SCRATCH = dict(
     train=None,
     validation=None,
@@ -259,8 +275,7 @@ SMOKE_FINETUNE = dict(
     test=16,
     sequence_length=16,
     batch_size=8,
-    epochs=1,
-    evals_per_epoch=3,
+    epochs=3,
 )
 SMOKE_SCRATCH = dict(
     SCRATCH,
@@ -338,8 +353,15 @@ RUN_KEYS = (
     "epochs",
     "optimizer_updates",
     "trained_fraction",
+    "test_at_early_stopping",
+    "peaked_before_last",
 )
-DIFF_KEYS = ("test", "test_at_best_val", "test_at_min_val_loss")
+DIFF_KEYS = (
+    "test",
+    "test_at_best_val",
+    "test_at_min_val_loss",
+    "test_at_early_stopping",
+)
 
 
 def parse_args(argv=None):
@@ -521,6 +543,23 @@ def pearson(evals):
     return float(np.corrcoef(loss, metric)[0, 1])
 
 
+def early_stopping_pick(val_loss, patience):
+    """The evaluation whose weights `keras.callbacks.EarlyStopping(
+    monitor="val_loss", patience=patience, restore_best_weights=True)`
+    ends with, given one evaluation per epoch (`val_loss`)."""
+    best, best_at, wait = math.inf, None, 0
+    for epoch, loss in enumerate(val_loss):
+        if best_at is None:
+            best_at = epoch
+        wait += 1
+        if loss < best:
+            best, best_at, wait = loss, epoch, 0
+            continue
+        if wait >= patience and epoch > 0:
+            break
+    return best_at
+
+
 def run_one(workspace, task_key, row, seed):
     """Trains one row of one task with one seed; returns its record."""
     import keras
@@ -574,6 +613,10 @@ def run_one(workspace, task_key, row, seed):
     last = r.masked_ratio[-r.batches_per_epoch[-1] :]
     masked = [m for m in last if not math.isnan(m)]
     best, low = r.selected["best_val"], r.selected["min_val_loss"]
+    stop = None
+    if config["evals_per_epoch"] == 1:
+        losses = [e["val_loss"] for e in r.evals]
+        stop = r.evals[early_stopping_pick(losses, EARLY_STOPPING_PATIENCE)]
     return {
         "seed": seed,
         "val": r.val_metric,
@@ -590,11 +633,15 @@ def run_one(workspace, task_key, row, seed):
         "trained_fraction": (
             r.trained_fraction[-1] if r.trained_fraction else 1.0
         ),
+        "test_at_early_stopping": stop["test_metric"] if stop else None,
+        # Did the validation metric peak before the last evaluation?
+        "peaked_before_last": best["eval"] < len(r.evals) - 1,
         "compile_seconds": r.compile_time,
         "curve": {
             "step": [e["step"] for e in r.evals],
             "val_loss": [e["val_loss"] for e in r.evals],
             "val_metric": [e["val_metric"] for e in r.evals],
+            "test_metric": [e["test_metric"] for e in r.evals],
         },
     }
 
@@ -627,21 +674,20 @@ def method_block(row, runs, reference_runs, regime):
     }
     for key in RUN_KEYS:
         block[key] = [_finite_or_none(run[key]) for run in runs]
-    for key in ("epochs", "optimizer_updates"):
+    for key in ("epochs", "optimizer_updates", "peaked_before_last"):
         block[key] = [run[key] for run in runs]
     block["compile_seconds"] = [run["compile_seconds"] for run in runs]
     block["curves"] = [run["curve"] for run in runs]
     by_seed = {run["seed"]: run for run in reference_runs}
+
+    def diff(run, key):
+        reference = by_seed.get(run["seed"], {}).get(key)
+        if run[key] is None or reference is None:
+            return None
+        return run[key] - reference
+
     block["diff_vs_reference"] = {
-        key: [
-            (
-                run[key] - by_seed[run["seed"]][key]
-                if run["seed"] in by_seed
-                else None
-            )
-            for run in runs
-        ]
-        for key in DIFF_KEYS
+        key: [diff(run, key) for run in runs] for key in DIFF_KEYS
     }
     return block
 
@@ -718,7 +764,11 @@ def _store_from_json(document):
         for name, block in task["methods"].items():
             runs = []
             for i, seed in enumerate(block["seeds"]):
-                run = {key: block[key][i] for key in RUN_KEYS}
+                # Keys added since a run was made read as missing.
+                run = {
+                    key: block[key][i] if key in block else None
+                    for key in RUN_KEYS
+                }
                 run["seed"] = seed
                 run["compile_seconds"] = block["compile_seconds"][i]
                 run["curve"] = block["curves"][i]
@@ -740,6 +790,17 @@ def run_all(args):
         with open(path) as f:
             previous = json.load(f)
         store = _store_from_json(previous)
+        for task_key, task in previous.get("tasks", {}).items():
+            _, regime = TASKS[task_key]
+            config = regime_config(regime, args.smoke)
+            now = {k: v for k, v in config.items() if not isinstance(v, dict)}
+            if task["config"] != now:
+                print(
+                    f"{task_key}: the JSON's runs used {task['config']}, "
+                    f"not {now}: they are run again",
+                    flush=True,
+                )
+                store.pop(task_key, None)
         started = previous.get("date", started)
         command = previous.get("command")
         resumed = previous.get("resumed_with", [])
@@ -922,6 +983,15 @@ def _time_change(block, reference_block):
     return 100.0 * (np.mean(ours) / np.mean(base) - 1.0)
 
 
+def _peaked(block):
+    """`"k of n"` runs whose validation metric peaked before their last
+    evaluation (`"n/a"` for runs made before it was recorded)."""
+    peaked = [p for p in block.get("peaked_before_last", []) if p is not None]
+    if not peaked:
+        return "n/a"
+    return f"{sum(peaked)} of {len(peaked)}"
+
+
 def _config_line(task):
     c = task["config"]
     if c["train"] is None:
@@ -972,10 +1042,12 @@ def render_task(task_key, task, image_prefix):
         "",
         f"| method | seeds | val (last) | test (last) | val (best) "
         f"| test at best val | test at min val loss "
-        f"| diff vs {ref_label} at min val loss (+/-) | Pearson r "
+        f"| diff vs {ref_label} at min val loss (+/-) "
+        f"| test, EarlyStopping(val_loss, patience "
+        f"{EARLY_STOPPING_PATIENCE}) | peaked before last | Pearson r "
         f"| train s | epochs | masked (last epoch) "
         f"| paper: {paper['dataset']} | paper r |",
-        "|" + "---|" * 14,
+        "|" + "---|" * 16,
     ]
     for name, block in methods.items():
         diff = block["diff_vs_reference"]["test_at_min_val_loss"]
@@ -1003,6 +1075,8 @@ def render_task(task_key, task, image_prefix):
                     mean_std(block["test_at_best_val"]),
                     f"**{mean_std(block['test_at_min_val_loss'])}**",
                     diff_text,
+                    mean_std(block.get("test_at_early_stopping", [])),
+                    _peaked(block),
                     mean_std(block["pearson"], 1.0),
                     mean_std(block["train_seconds"], 1.0, 1),
                     mean_std(block["epochs"], 1.0, 1),

@@ -109,6 +109,7 @@ def _check_task_block(task_key, block, rows):
             "val_best",
             "test_at_best_val",
             "test_at_min_val_loss",
+            "test_at_early_stopping",
             "train_seconds",
         ):
             values = method[key]
@@ -123,8 +124,10 @@ def _check_task_block(task_key, block, rows):
         assert method["epochs"][0] >= 1, where
         for key, diffs in method["diff_vs_reference"].items():
             assert len(diffs) == 1 and math.isfinite(diffs[0]), (where, key)
+        assert method["peaked_before_last"][0] in (True, False), where
         curve = method["curves"][0]
         assert len(curve["val_loss"]) == len(curve["val_metric"]) >= 1, where
+        assert len(curve["test_metric"]) == len(curve["val_loss"]), where
         assert all(math.isfinite(v) for v in curve["val_loss"]), where
 
 
@@ -182,6 +185,33 @@ def test_paper_tables_smoke_writes_json_plots_and_markdown(tmp_path):
         ]
     )
     assert md.read_text().count(paper_tables.BEGIN) == 1
+
+
+@pytest.mark.parametrize(
+    "val_loss",
+    [
+        [0.9, 0.8, 0.85, 0.86, 0.7, 0.6],  # stops before the late minimum
+        [0.9, 0.8, 0.85, 0.7, 0.86, 0.6],
+        [0.5, 0.6, 0.7, 0.4],
+        [0.9, 0.8, 0.7, 0.6],  # never stops
+        [0.5, 0.5, 0.5],  # ties keep the first
+    ],
+)
+def test_early_stopping_replay_matches_keras(val_loss):
+    """`early_stopping_pick` ends where Keras's `EarlyStopping(monitor=
+    "val_loss", patience=2, restore_best_weights=True)` does."""
+    paper_tables = _load_paper_tables()
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    callback = keras.callbacks.EarlyStopping(
+        monitor="val_loss", patience=2, restore_best_weights=True
+    )
+    callback.set_model(model)
+    callback.on_train_begin()
+    for epoch, loss in enumerate(val_loss):
+        callback.on_epoch_end(epoch, {"val_loss": loss})
+        if model.stop_training:
+            break
+    assert paper_tables.early_stopping_pick(val_loss, 2) == callback.best_epoch
 
 
 def test_paper_tables_tfds_source_on_mock_data():

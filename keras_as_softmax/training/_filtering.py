@@ -289,7 +289,9 @@ def _seen(rows, ran, counted, masked, values, n_all, n_masked, epoch):
     )
 
 
-def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
+def filtered_step(
+    model, state, x, y, sample_weight, ids, draws, hooks, queue_ops=_queue
+):
     """One train step with filters.
 
     Args:
@@ -301,6 +303,8 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         draws: a function `(filter index, size) -> float32 [size]` of
             uniform draws for the filters that need them.
         hooks: the backend's passes, see `_tensorflow.py` / `_jax.py`.
+        queue_ops: `push`, `pop` and `select` of the queues: `_queue`'s,
+            or the same for eager steps (`_torch.EagerQueue`).
 
     Returns:
         `(StepOutput, FilterState)`.
@@ -332,14 +336,14 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
         count_masked += skipped
         if not scoring_at:
             state = state._replace(
-                train_queue=_queue.push(state.train_queue, rows.flat(), keep)
+                train_queue=queue_ops.push(state.train_queue, rows.flat(), keep)
             )
         else:
-            queue = _queue.push(state.score_queue, rows.flat(), keep)
-            popped, rest = _queue.pop(queue, size)
+            queue = queue_ops.push(state.score_queue, rows.flat(), keep)
+            popped, rest = queue_ops.pop(queue, size)
             ready = queue.count >= size
             state = state._replace(
-                score_queue=_queue.select(ready, rest, queue)
+                score_queue=queue_ops.select(ready, rest, queue)
             )
             rows = Rows.unflat(popped, n_x, n_y)
 
@@ -379,14 +383,14 @@ def filtered_step(model, state, x, y, sample_weight, ids, draws, hooks):
             counted=ops.where(go, ops.ones_like(rows.counted), rows.counted)
         )
         state = state._replace(
-            train_queue=_queue.push(state.train_queue, rows.flat(), keep)
+            train_queue=queue_ops.push(state.train_queue, rows.flat(), keep)
         )
 
     # The training pass, on `size` queued rows.
     queue = state.train_queue
-    popped, rest = _queue.pop(queue, size)
+    popped, rest = queue_ops.pop(queue, size)
     full = queue.count >= size
-    state = state._replace(train_queue=_queue.select(full, rest, queue))
+    state = state._replace(train_queue=queue_ops.select(full, rest, queue))
     rows = Rows.unflat(popped, n_x, n_y)
     train_x = keras.tree.pack_sequence_as(x, rows.x)
     train_y = keras.tree.pack_sequence_as(y, rows.y)
@@ -456,137 +460,3 @@ def _output(
         loss=value,
         loss_weight=loss_weight,
     )
-
-
-def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
-    """One train step with filters, each pass on exactly the rows kept.
-
-    For a backend whose batch shape may change from step to step (PyTorch,
-    eager). The filters decide as in `filtered_step`, with no queue: a
-    scoring pass runs on the rows that the memory filter keeps, the
-    training pass on the rows that the scoring filter keeps, in the step
-    that drew them, and a pass with no rows does not run. A row's gradient
-    is the same as through the queue; it is taken with the weights of the
-    step that drew it.
-
-    `hooks.score(x)` returns the predictions of a scoring pass;
-    `hooks.train(x, y, coefficients)` returns what `maybe_train` does.
-
-    Returns:
-        `(StepOutput, FilterState)`, the queues left as they were;
-        `trained` is the share of the drawn samples trained on.
-    """
-    filters = model.sample_filters
-    states = list(state.states)
-    loss = model.loss
-    rows = _drawn_rows(model, x, y, sample_weight, ids)
-    batch = ops.shape(rows.ids)[0]
-    epoch, epochs = model._epoch_state()
-    count_all = ops.zeros((), "float32")
-    count_masked = ops.zeros((), "float32")
-
-    def take(rows, keep):
-        index = ops.nonzero(keep)[0]
-        leaves = [ops.take(t, index, axis=0) for t in rows.flat()]
-        return Rows.unflat(leaves, len(rows.x), len(rows.y))
-
-    def size(rows):
-        return ops.shape(rows.ids)[0]
-
-    for i in (i for i, f in enumerate(filters) if not f.scores):
-        memory_filter = filters[i]
-        view = View(rows.ids, draws(i, batch), epoch, epochs)
-        keep, weight = memory_filter.select(view, states[i])
-        keep, rows = _apply_weight(
-            rows, memory_filter.active(epoch, epochs), keep, weight
-        )
-        skipped = _memory_skipped(loss, rows, keep)
-        count_all += skipped
-        count_masked += skipped
-        rows = take(rows, keep)
-
-    scored = ops.zeros((), "float32")
-    metric_out = None
-    for i in (i for i, f in enumerate(filters) if f.scores):
-        scoring_filter = filters[i]
-        go = ops.logical_and(
-            scoring_filter.active(epoch, epochs),
-            scoring_filter.should_score(states[i]),
-        )
-        if not (size(rows) and bool(go)):
-            continue
-        score_y = keras.tree.pack_sequence_as(y, rows.y)
-        y_pred = hooks.score(keras.tree.pack_sequence_as(x, rows.x))
-        view, counted, masked, values = _scoring_view(
-            loss,
-            rows,
-            score_y,
-            y_pred,
-            True,
-            draws(i, size(rows)),
-            epoch,
-            epochs,
-        )
-        metric_out = (
-            score_y,
-            y_pred,
-            rows.metric_weight,
-            ops.sum(rows.coefficients * values),
-            ops.ones((), "float32"),
-        )
-        keep, weight = scoring_filter.select(view, states[i])
-        keep, rows = _apply_weight(rows, True, keep, weight)
-        n_all = ops.sum(ops.cast(counted, "float32"))
-        n_masked = ops.sum(ops.cast(masked, "float32"))
-        scored = ops.ones((), "float32")
-        count_all += n_all
-        count_masked += n_masked
-        states = _observe(
-            filters,
-            states,
-            _seen(rows, True, counted, masked, values, n_all, n_masked, epoch),
-        )
-        rows = rows._replace(counted=ops.ones_like(rows.counted))
-        rows = take(rows, keep)
-
-    grads, n_all, n_masked = None, 0.0, 0.0
-    if size(rows):
-        train_y = keras.tree.pack_sequence_as(y, rows.y)
-        grads, y_pred, values, value = hooks.train(
-            keras.tree.pack_sequence_as(x, rows.x), train_y, rows.coefficients
-        )
-        counted, masked, values = _pass_flags(
-            loss, rows, train_y, y_pred, True, values
-        )
-        n_all, n_masked = _fresh_counts(rows, counted, masked)
-        states = _observe(
-            filters,
-            states,
-            _seen(rows, True, counted, masked, values, n_all, n_masked, epoch),
-        )
-        if metric_out is None:
-            one = ops.ones((), "float32")
-            metric_out = (train_y, y_pred, rows.metric_weight, value, one)
-    if metric_out is None:
-        # Nothing ran: the drawn rows, weighted 0.
-        drawn = _drawn_rows(model, x, y, sample_weight, ids)
-        zero = ops.zeros((), "float32")
-        metric_out = (
-            y,
-            hooks.no_output(x),
-            ops.zeros_like(drawn.metric_weight),
-            zero,
-            zero,
-        )
-    trained = ops.cast(size(rows), "float32") / ops.cast(batch, "float32")
-    output = _output(
-        grads,
-        trained,
-        scored,
-        count_all + n_all,
-        count_masked + n_masked,
-        metric_out,
-        None,
-        None,
-    )
-    return output, state._replace(states=states)

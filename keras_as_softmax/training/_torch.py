@@ -5,12 +5,12 @@ trainer.py`): a forward pass, `loss.backward()`, the gradients read from
 `.grad`, and `optimizer.apply` under `torch.no_grad()`. The accumulation
 window is `AccumulatingOptimizer`'s, as on the other backends.
 
-The filters take their decisions as there, and each pass runs on exactly
-the rows kept (`_filtering.kept_rows_step`): an eager step's batch may
-change its shape from step to step, so no queue waits for a full batch.
-Under `torch.compile` (`jit_compile=True`), where a new shape would
-compile again, they go through the queue of `batch_size` rows that
-TensorFlow and JAX use (`_filtering.filtered_step`).
+The filters run through `_filtering.filtered_step`, as on TensorFlow and
+JAX: the same decisions and the same training passes on the same queued
+rows. In eager steps the queues are pushed and popped with slices of the
+rows kept (`EagerQueue`), which costs a fraction of the static-shape
+gathers that XLA needs; under `torch.compile` (`jit_compile=True`) they
+use those gathers (`_queue`), so that every step has one shape.
 
 `keras.ops.cond` is a Python `if` on PyTorch, so the end of a window and
 each pass are decided on the host: on a CPU that costs nothing, on a GPU
@@ -25,6 +25,7 @@ from keras import ops
 
 from keras_as_softmax import filters
 from keras_as_softmax.training import _filtering
+from keras_as_softmax.training import _queue
 
 _MASK32 = 0xFFFFFFFF
 
@@ -125,12 +126,49 @@ def _counts(model, recorded, y, y_pred, sample_weight):
     )
 
 
+class EagerQueue:
+    """`_queue`'s `push`, `pop` and `select` for eager steps: the same
+    queue (buffers of `2 * batch_size` rows and a count) with the same
+    contents, written with slices of the rows kept instead of
+    static-shape sorts and gathers. Each reads the count on the host; none
+    changes its inputs."""
+
+    @staticmethod
+    def push(queue, rows, keep):
+        keep = ops.convert_to_tensor(keep)
+        index = torch.nonzero(keep.reshape(-1)).reshape(-1)
+        count, taken = int(queue.count), int(index.numel())
+        buffers = []
+        for buffer, row in zip(queue.buffers, rows):
+            buffer = ops.convert_to_tensor(buffer).clone()
+            row = ops.convert_to_tensor(row)
+            buffer[count : count + taken] = row[index].to(buffer.dtype)
+            buffers.append(buffer)
+        count = ops.convert_to_tensor(queue.count, "int32") + taken
+        return _queue.RowQueue(buffers, count)
+
+    @staticmethod
+    def pop(queue, size):
+        buffers = [ops.convert_to_tensor(b) for b in queue.buffers]
+        rows = [b[:size].clone() for b in buffers]
+        # Shifted down by `size`, the last row repeated behind, as `_queue`.
+        capacity = buffers[0].shape[0]
+        shift = torch.arange(capacity, device=buffers[0].device) + size
+        shift = torch.clamp(shift, max=capacity - 1)
+        rest = [b[shift] for b in buffers]
+        count = ops.convert_to_tensor(queue.count, "int32")
+        return rows, _queue.RowQueue(rest, torch.clamp(count - size, min=0))
+
+    @staticmethod
+    def select(condition, a, b):
+        return a if bool(condition) else b
+
+
 class _Hooks:
-    """The passes of a filtered step on PyTorch. `score` and `train` run a
-    pass (for `_filtering.kept_rows_step`); `maybe_score` and `maybe_train`
-    run it only when its predicate holds, one boolean read on the host (for
-    `_filtering.filtered_step` under `torch.compile`). A training pass adds
-    its gradients to the window's sums (`accumulate`)."""
+    """The passes of `_filtering.filtered_step` on PyTorch: `maybe_score`
+    and `maybe_train` run `score` and `train` only when their predicate
+    holds (one boolean read on the host). A training pass adds its
+    gradients to the window's sums (`accumulate`)."""
 
     def __init__(self, model):
         self.model = model
@@ -200,10 +238,11 @@ class ASSpeedTrainer:
     under `torch.compile` with `jit_compile=True`)."""
 
     @property
-    def _kept_rows(self):
-        """Whether the filters' passes run on exactly the kept rows: in
-        eager steps, not under `torch.compile`."""
-        return not self.jit_compile
+    def _step_options(self):
+        """How the filtered step keeps its queues (`_filtered_step`'s
+        `step_options`): with slices in eager steps (`EagerQueue`), with
+        static-shape gathers under `torch.compile`."""
+        return {} if self.jit_compile else {"queue_ops": EagerQueue}
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -218,7 +257,7 @@ class ASSpeedTrainer:
                     y,
                     sample_weight,
                     _Hooks(self),
-                    kept_rows=self._kept_rows,
+                    step_options=self._step_options,
                 )
             grads, rows, masked = None, output.rows, output.masked_rows
             metric_args = output.metric_args(inputs)

@@ -335,14 +335,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         return found
 
     def _filtered_step(
-        self, x, y, sample_weight, hooks, gather=None, kept_rows=False
+        self, x, y, sample_weight, hooks, gather=None, step_options=None
     ):
         """Runs the filters on a drawn batch and keeps their new state.
 
         `gather`, under several replicas, all-gathers a replica's rows into
         the global batch, which the filters then see on every replica.
-        `kept_rows`: passes on exactly the rows kept, no queue
-        (`_filtering.kept_rows_step`), where shapes may change.
+        `step_options`: `step`, the filtered step (`_filtering.
+        filtered_step` by default), and more arguments of it, such as
+        `queue_ops`.
 
         Returns:
             `(inputs, output)`: the inputs without sample ids, and the
@@ -364,9 +365,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             seed = self._filter_seeds.value[index]
             return stateless_uniform(size, seed, self._drawn.value)
 
-        step = (
-            _filtering.kept_rows_step if kept_rows else _filtering.filtered_step
-        )
+        options = dict(step_options or {})
+        step = options.pop("step", _filtering.filtered_step)
         output, state = step(
             self,
             self._filter_state(),
@@ -376,6 +376,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             ids,
             draws,
             hooks,
+            **options,
         )
         self._assign_filter_state(state)
         if hasattr(self, "_drawn"):

@@ -81,22 +81,20 @@ class _Recorder(keras.callbacks.Callback):
     """Per-batch masked ratio and timing, periodic validation.
 
     With `patience`, stops training once the validation metric has not
-    improved for `patience` epochs. With `keep_selected`, keeps a copy of
-    the weights at the evaluation with the best validation metric and at
-    the one with the lowest validation loss.
+    improved for `patience` epochs. With `evaluate_test`, each evaluation
+    also scores the test set (`test_loss`, `test_metric`), so that any
+    stopping rule can be replayed on the evaluations afterwards.
     """
 
     def __init__(
-        self, tracker, evaluate, eval_every, patience=None, keep_selected=False
+        self, tracker, evaluate, eval_every, patience=None, evaluate_test=None
     ):
         super().__init__()
         self.tracker = tracker
         self.evaluate = evaluate
         self.eval_every = eval_every
         self.patience = patience
-        self.keep_selected = keep_selected
-        # "best_val" / "min_val_loss" -> (index into evals, weights)
-        self.selected_weights = {}
+        self.evaluate_test = evaluate_test
         self.stopped_epoch = None
         self._best_metric, self._best_epoch = -np.inf, -1
         self.step = 0
@@ -159,30 +157,18 @@ class _Recorder(keras.callbacks.Callback):
 
     def _evaluate(self, epoch):
         loss, metric = self.evaluate(self.model)
-        if self.keep_selected:
-            # Ties keep the earlier evaluation, as EarlyStopping does.
-            index = len(self.evals)
-            if not self.evals or metric > max(
-                e["val_metric"] for e in self.evals
-            ):
-                self.selected_weights["best_val"] = (
-                    index,
-                    self.model.get_weights(),
-                )
-            if not self.evals or loss < min(e["val_loss"] for e in self.evals):
-                self.selected_weights["min_val_loss"] = (
-                    index,
-                    self.model.get_weights(),
-                )
-        self.evals.append(
-            {
-                "step": self.step,
-                "epoch": epoch,
-                "time": self.train_time,
-                "val_loss": loss,
-                "val_metric": metric,
-            }
-        )
+        record = {
+            "step": self.step,
+            "epoch": epoch,
+            "time": self.train_time,
+            "val_loss": loss,
+            "val_metric": metric,
+        }
+        if self.evaluate_test is not None:
+            record["test_loss"], record["test_metric"] = self.evaluate_test(
+                self.model
+            )
+        self.evals.append(record)
 
 
 # -------------------------------------------------------------------- run
@@ -349,10 +335,10 @@ def run(
             `backbone` (e.g. a small model trained from scratch).
         patience: if set, `epochs` is a maximum: training stops once the
             validation metric has not improved for `patience` epochs.
-        select_test: also evaluate the test set with the weights of the
-            evaluation with the best validation metric and of the one with
-            the lowest validation loss (`RunResult.selected`). Those
-            weights are copied in memory at each new optimum.
+        select_test: also score the test set at every evaluation
+            (`test_loss` and `test_metric` in `RunResult.evals`), and pick
+            the evaluations with the best validation metric and the lowest
+            validation loss (`RunResult.selected`).
 
     The validation (and test) loss is the method's loss with its final
     hyper-parameters: a separate instance, so `warmup_ratio` does not
@@ -409,13 +395,16 @@ def run(
             jit_compile=jit_compile,
         )
 
-    x_val, y_val = data.validation
+    def evaluator(split):
+        x, y = split
 
-    def evaluate(m):
-        logits = _predict(m, x_val, eval_batch_size)
-        return _loss_value(eval_loss, y_val, logits), task_metric(
-            task, y_val, logits, data.class_names
-        )
+        def evaluate(m):
+            logits = _predict(m, x, eval_batch_size)
+            return _loss_value(eval_loss, y, logits), task_metric(
+                task, y, logits, data.class_names
+            )
+
+        return evaluate
 
     n_train = len(data.train[1])
     steps_per_epoch = n_train // batch_size
@@ -430,10 +419,10 @@ def run(
     _CompileClock.start()
     recorder = _Recorder(
         tracker,
-        evaluate,
+        evaluator(data.validation),
         eval_every,
         patience=patience,
-        keep_selected=select_test,
+        evaluate_test=evaluator(data.test) if select_test else None,
     )
     callbacks = [recorder]
     if warmup_ratio > 0 and method.as_loss:
@@ -462,25 +451,15 @@ def run(
     final = recorder.evals[-1]
     selected = None
     if select_test:
-        selected = {}
-        last_weights = model.get_weights()
-        # The last evaluation scored the final weights: reuse their logits.
-        test_logits_at = {len(recorder.evals) - 1: test_logits}
-        for key, (index, weights) in recorder.selected_weights.items():
-            if index not in test_logits_at:
-                model.set_weights(weights)
-                test_logits_at[index] = _predict(model, x_test, eval_batch_size)
-            logits = test_logits_at[index]
-            selected[key] = {
-                "eval": index,
-                "val_metric": recorder.evals[index]["val_metric"],
-                "val_loss": recorder.evals[index]["val_loss"],
-                "test_metric": task_metric(
-                    task, y_test, logits, data.class_names
-                ),
-                "test_loss": _loss_value(eval_loss, y_test, logits),
-            }
-        model.set_weights(last_weights)
+        evals = recorder.evals
+        # Ties keep the earlier evaluation, as EarlyStopping does.
+        picks = {
+            "best_val": int(np.argmax([e["val_metric"] for e in evals])),
+            "min_val_loss": int(np.argmin([e["val_loss"] for e in evals])),
+        }
+        selected = {
+            key: {"eval": index, **evals[index]} for key, index in picks.items()
+        }
     return RunResult(
         method=method.name,
         seed=seed,
