@@ -206,6 +206,7 @@ def test_early_stopping_replay_matches_keras(val_loss):
         monitor="val_loss", patience=2, restore_best_weights=True
     )
     callback.set_model(model)
+    model.stop_training = False  # as `fit` starts
     callback.on_train_begin()
     for epoch, loss in enumerate(val_loss):
         callback.on_epoch_end(epoch, {"val_loss": loss})
