@@ -167,8 +167,8 @@ class EagerQueue:
 class _Hooks:
     """The passes of `_filtering.filtered_step` on PyTorch: `maybe_score`
     and `maybe_train` run `score` and `train` only when their predicate
-    holds (one boolean read on the host). A training pass adds its
-    gradients to the window's sums (`accumulate`)."""
+    holds (one boolean read on the host). A training pass returns its
+    gradients, for the optimizer's `apply`."""
 
     def __init__(self, model):
         self.model = model
@@ -190,9 +190,8 @@ class _Hooks:
         )
 
     def train(self, x, y, coefficients):
-        """`(None, y_pred, values, loss)` of a training pass minimising
-        `sum(coefficients * values)`; its gradients are added to the
-        window's sums."""
+        """`(grads, y_pred, values, loss)` of a training pass minimising
+        `sum(coefficients * values)`."""
         model = self.model
         variables = model.trainable_variables
         with torch.enable_grad():
@@ -203,8 +202,8 @@ class _Hooks:
             if model.losses:
                 loss = loss + sum(model.losses).to(loss.dtype)
             model.optimizer.scale_loss(loss).backward()
-        model.optimizer.accumulate(_gradients(variables))
-        return None, y_pred.detach(), values.detach(), loss.detach()
+        grads = _gradients(variables)
+        return grads, y_pred.detach(), values.detach(), loss.detach()
 
     def no_output(self, x):
         """Zeros in the shape of the model's output for `x`."""
@@ -259,7 +258,7 @@ class ASSpeedTrainer:
                     _Hooks(self),
                     step_options=self._step_options,
                 )
-            grads, rows, masked = None, output.rows, output.masked_rows
+            grads, rows, masked = output.grads, output.rows, output.masked_rows
             metric_args = output.metric_args(inputs)
             trained, scored = output.trained, output.scored
             self._loss_tracker.update_state(

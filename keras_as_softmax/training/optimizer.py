@@ -260,43 +260,59 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             lambda: None,
         )
 
-    def _torch_accumulate(self, grads):
+    def _torch_accumulate(self, grads, has_grads=None):
         import torch
 
         counts = self.window_counts.value
+        if has_grads is None:
+            has_grads = bool(counts[4])
         with torch.no_grad():
             sums = [v.value for v in self.grad_sums]
-            added = [
-                (s, torch.as_tensor(g, dtype=s.dtype, device=s.device))
-                for s, g in zip(sums, grads)
-                if g is not None
-            ]
-            targets, values = [s for s, _ in added], [g for _, g in added]
-            if bool(counts[4]):
-                torch._foreach_add_(targets, values)
-                return
-            for total, grad in zip(sums, grads):
-                if grad is None:
-                    total.zero_()
-            torch._foreach_copy_(targets, values)
-            counts[4] = 1.0
+            grads = _torch_grads(grads, sums)
+            if has_grads:
+                torch._foreach_add_(sums, grads)
+            else:
+                torch._foreach_copy_(sums, grads)
+                counts[4] = 1.0
 
     def _torch_apply(self, grads, trainable_variables, rows, masked_rows):
-        """PyTorch runs eagerly: the window's end is a Python `if` on one
-        value read on the host, as the torch trainer decides its passes
-        (`keras.ops.cond` would build an operation on every call), and the
-        sums and counts are updated in place."""
+        """PyTorch runs eagerly: the window's end is a Python `if` on the
+        counts, read on the host once a step (as the torch trainer decides
+        its passes; `keras.ops.cond` would build an operation on every
+        call), and the sums and counts are updated in place. A window's
+        last gradients go into its mean without a copy into the sums, so a
+        window of one micro-batch applies them as a plain step does."""
         import torch
 
-        if grads is not None:
-            self._torch_accumulate(grads)
         counts = self.window_counts.value
         with torch.no_grad():
             counts[0] += 1.0
             counts[1] += rows
             counts[2] += masked_rows
-        if bool(counts[0] >= counts[3]):
-            self._finish(trainable_variables)
+        micro_batches, _, _, steps, has_grads = counts.tolist()
+        if micro_batches < steps:
+            if grads is not None:
+                self._torch_accumulate(grads, has_grads)
+            return
+        with torch.no_grad():
+            sums = [v.value for v in self.grad_sums]
+            if grads is not None:
+                grads = _torch_grads(grads, sums)
+                if has_grads:
+                    torch._foreach_add_(sums, grads)
+                    grads = sums
+            elif has_grads:
+                grads = sums
+            else:
+                grads = [torch.zeros_like(s) for s in sums]
+            if micro_batches != 1:
+                grads = torch._foreach_div(grads, micro_batches)
+        self.inner_optimizer.apply(grads, trainable_variables)
+        # The sums stay as they are, marked stale.
+        window = accumulation.end_window_where(
+            True, self._window(), self.steps_rule
+        )
+        self._assign_window(window, sums=False)
 
     def _tf_apply(self, grads, trainable_variables, rows, masked_rows):
         """TensorFlow: under several replicas, every replica adds the
@@ -367,3 +383,15 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             config.pop("steps_rule"), custom_objects=custom_objects
         )
         return cls(inner, rule, **config)
+
+
+def _torch_grads(grads, sums):
+    """`grads` as tensors like the sums, zeros where a variable got none."""
+    import torch
+
+    return [
+        torch.zeros_like(s)
+        if g is None
+        else torch.as_tensor(g, dtype=s.dtype, device=s.device)
+        for s, g in zip(sums, grads)
+    ]
