@@ -546,18 +546,22 @@ def pearson(evals):
 def early_stopping_pick(val_loss, patience):
     """The evaluation whose weights `keras.callbacks.EarlyStopping(
     monitor="val_loss", patience=patience, restore_best_weights=True)`
-    ends with, given one evaluation per epoch (`val_loss`)."""
-    best, best_at, wait = math.inf, None, 0
+    ends with, given one evaluation per epoch (`val_loss`): the callback
+    itself, replayed on the recorded losses with a stand-in model."""
+    import keras
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    callback = keras.callbacks.EarlyStopping(
+        monitor="val_loss", patience=patience, restore_best_weights=True
+    )
+    callback.set_model(model)
+    model.stop_training = False  # as `fit` starts
+    callback.on_train_begin()
     for epoch, loss in enumerate(val_loss):
-        if best_at is None:
-            best_at = epoch
-        wait += 1
-        if loss < best:
-            best, best_at, wait = loss, epoch, 0
-            continue
-        if wait >= patience and epoch > 0:
+        callback.on_epoch_end(epoch, {"val_loss": loss})
+        if model.stop_training:
             break
-    return best_at
+    return callback.best_epoch
 
 
 def run_one(workspace, task_key, row, seed):

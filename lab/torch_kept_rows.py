@@ -30,6 +30,7 @@ where compute counts).
 import argparse
 import os
 import sys
+from unittest import mock
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,6 +46,7 @@ from benchmarks._interleaved import time_epochs  # noqa: E402
 from benchmarks.step_overhead import make_data  # noqa: E402
 from keras_as_softmax.filters.base import View  # noqa: E402
 from keras_as_softmax.training import _filtering  # noqa: E402
+from keras_as_softmax.training import _queue  # noqa: E402
 
 
 def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
@@ -186,11 +188,15 @@ def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
 
 
 class KeptRows(kas.ASSpeed):
-    """The filters' passes on exactly the kept rows (`kept_rows_step`)."""
+    """The filters' passes on exactly the kept rows (`kept_rows_step`, run
+    in place of `_filtering.filtered_step`)."""
 
-    @property
-    def _step_options(self):
-        return {"step": kept_rows_step}
+    def _filtered_step(self, *args, **kwargs):
+        def step(*step_args, queue_ops):
+            return kept_rows_step(*step_args)
+
+        with mock.patch.object(_filtering, "filtered_step", step):
+            return super()._filtered_step(*args, **kwargs)
 
 
 class Queue(kas.ASSpeed):
@@ -198,8 +204,8 @@ class Queue(kas.ASSpeed):
     under `torch.compile`."""
 
     @property
-    def _step_options(self):
-        return {}
+    def _queue_ops(self):
+        return _queue
 
 
 FILTERS = {

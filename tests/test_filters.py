@@ -93,7 +93,8 @@ def run_pipeline(
 
     def queue():
         return _queue.RowQueue(
-            [np.zeros((2 * batch, *s), d) for s, d in leaves], np.int32(0)
+            [ops.zeros((2 * batch, *s), d) for s, d in leaves],
+            ops.convert_to_tensor(0, "int32"),
         )
 
     state = _filtering.FilterState(
@@ -101,7 +102,7 @@ def run_pipeline(
         train_queue=queue(),
         states=[
             {
-                k: np.full(shape, value, dtype)
+                k: ops.full(shape, value, dtype)
                 for k, (shape, dtype, value) in f.state_spec().items()
             }
             for f in sample_filter
@@ -124,8 +125,8 @@ def run_pipeline(
         epoch[0] = e
         start = len(hooks.trained)
         for ids in rng.permutation(n).reshape(-1, batch):
-            x = ids[:, None].astype("float32")
-            y = np.zeros(batch, "float32")
+            x = ops.convert_to_tensor(ids[:, None], "float32")
+            y = ops.zeros((batch,), "float32")
             draws = ops.convert_to_tensor(
                 rng.uniform(size=batch).astype("float32")
             )
@@ -135,7 +136,7 @@ def run_pipeline(
                 x,
                 y,
                 None,
-                ids.astype("int32"),
+                ops.convert_to_tensor(ids, "int32"),
                 lambda index, size, draws=draws: draws[:size],
                 hooks,
             )

@@ -135,29 +135,25 @@ class EagerQueue:
 
     @staticmethod
     def push(queue, rows, keep):
-        keep = ops.convert_to_tensor(keep)
         index = torch.nonzero(keep.reshape(-1)).reshape(-1)
         count, taken = int(queue.count), int(index.numel())
         buffers = []
         for buffer, row in zip(queue.buffers, rows):
-            buffer = ops.convert_to_tensor(buffer).clone()
-            row = ops.convert_to_tensor(row)
+            buffer = buffer.clone()
             buffer[count : count + taken] = row[index].to(buffer.dtype)
             buffers.append(buffer)
-        count = ops.convert_to_tensor(queue.count, "int32") + taken
-        return _queue.RowQueue(buffers, count)
+        return _queue.RowQueue(buffers, queue.count + taken)
 
     @staticmethod
     def pop(queue, size):
-        buffers = [ops.convert_to_tensor(b) for b in queue.buffers]
-        rows = [b[:size].clone() for b in buffers]
+        rows = [b[:size].clone() for b in queue.buffers]
         # Shifted down by `size`, the last row repeated behind, as `_queue`.
-        capacity = buffers[0].shape[0]
-        shift = torch.arange(capacity, device=buffers[0].device) + size
+        capacity = queue.buffers[0].shape[0]
+        shift = torch.arange(capacity, device=queue.buffers[0].device) + size
         shift = torch.clamp(shift, max=capacity - 1)
-        rest = [b[shift] for b in buffers]
-        count = ops.convert_to_tensor(queue.count, "int32")
-        return rows, _queue.RowQueue(rest, torch.clamp(count - size, min=0))
+        rest = [b[shift] for b in queue.buffers]
+        count = torch.clamp(queue.count - size, min=0)
+        return rows, _queue.RowQueue(rest, count)
 
     @staticmethod
     def select(condition, a, b):
@@ -237,11 +233,11 @@ class ASSpeedTrainer:
     under `torch.compile` with `jit_compile=True`)."""
 
     @property
-    def _step_options(self):
-        """How the filtered step keeps its queues (`_filtered_step`'s
-        `step_options`): with slices in eager steps (`EagerQueue`), with
-        static-shape gathers under `torch.compile`."""
-        return {} if self.jit_compile else {"queue_ops": EagerQueue}
+    def _queue_ops(self):
+        """How the filtered step keeps its queues: with slices in eager
+        steps (`EagerQueue`), with static-shape gathers under
+        `torch.compile`."""
+        return _queue if self.jit_compile else EagerQueue
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -256,7 +252,7 @@ class ASSpeedTrainer:
                     y,
                     sample_weight,
                     _Hooks(self),
-                    step_options=self._step_options,
+                    queue_ops=self._queue_ops,
                 )
             grads, rows, masked = output.grads, output.rows, output.masked_rows
             metric_args = output.metric_args(inputs)

@@ -335,15 +335,13 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         return found
 
     def _filtered_step(
-        self, x, y, sample_weight, hooks, gather=None, step_options=None
+        self, x, y, sample_weight, hooks, gather=None, queue_ops=_queue
     ):
         """Runs the filters on a drawn batch and keeps their new state.
 
         `gather`, under several replicas, all-gathers a replica's rows into
         the global batch, which the filters then see on every replica.
-        `step_options`: `step`, the filtered step (`_filtering.
-        filtered_step` by default), and more arguments of it, such as
-        `queue_ops`.
+        `queue_ops`: how the queues are kept (`_filtering.filtered_step`).
 
         Returns:
             `(inputs, output)`: the inputs without sample ids, and the
@@ -365,9 +363,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             seed = self._filter_seeds.value[index]
             return stateless_uniform(size, seed, self._drawn.value)
 
-        options = dict(step_options or {})
-        step = options.pop("step", _filtering.filtered_step)
-        output, state = step(
+        output, state = _filtering.filtered_step(
             self,
             self._filter_state(),
             inputs,
@@ -376,7 +372,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             ids,
             draws,
             hooks,
-            **options,
+            queue_ops=queue_ops,
         )
         self._assign_filter_state(state)
         if hasattr(self, "_drawn"):
