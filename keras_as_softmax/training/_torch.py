@@ -191,7 +191,7 @@ class _Hooks:
         model = self.model
         variables = model.trainable_variables
         with torch.enable_grad():
-            y_pred = model(x, training=True)
+            y_pred = model.inner_model(x, training=True)
             model.zero_grad()
             values = _filtering.row_values(model.loss, y, y_pred)
             loss = torch.sum(coefficients * values)
@@ -215,14 +215,14 @@ class _Hooks:
         `SkipMasked(score_training=False)`."""
         model = self.model
         if not model._score_training:
-            return model(x, training=False)
+            return model.inner_model(x, training=False)
         saved_variables = [
             v
             for v in model.inner_model.non_trainable_variables
             if not v.path.endswith("seed_generator_state")
         ]
         saved = [v.value.clone() for v in saved_variables]
-        y_pred = model(x, training=True)
+        y_pred = model.inner_model(x, training=True)
         for v, value in zip(saved_variables, saved):
             v.assign(value)
         return y_pred
