@@ -135,9 +135,7 @@ def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
         states = _filtering._observe(
             filters,
             states,
-            _filtering._seen(
-                rows, True, counted, masked, values, n_all, n_masked, epoch
-            ),
+            _filtering._seen(rows, True, counted, masked, values, epoch),
         )
         rows = rows._replace(counted=ops.ones_like(rows.counted))
         rows = take(rows, keep)
@@ -155,9 +153,7 @@ def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
         states = _filtering._observe(
             filters,
             states,
-            _filtering._seen(
-                rows, True, counted, masked, values, n_all, n_masked, epoch
-            ),
+            _filtering._seen(rows, True, counted, masked, values, epoch),
         )
         if metric_out is None:
             one = ops.ones((), "float32")

@@ -522,6 +522,29 @@ def test_low_masked_share_takes_plain_steps():
     assert float(ops.convert_to_numpy(share)) < 1 / 3
 
 
+def test_skip_masked_follows_the_share_of_masked_samples_not_rows():
+    """A sequence is left out only when all of its tokens are masked, so
+    the break-even share is one of samples: here 5 of 6 tokens are
+    masked, and 1 of 2 sequences."""
+    counted = ops.ones((2, 3), "bool")
+    masked = ops.convert_to_tensor([[True, True, True], [True, True, False]])
+    values = ops.convert_to_tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.7]])
+    rows = types.SimpleNamespace(
+        ids=ops.zeros((2,), "int32"),
+        counted=ops.zeros((2,), "float32"),  # not seen earlier this step
+    )
+    seen = _filtering._seen(rows, True, counted, masked, values, 3)
+    assert float(ops.convert_to_numpy(seen.samples)) == 2.0
+    assert float(ops.convert_to_numpy(seen.masked_samples)) == 1.0
+    f = filters.SkipMasked()
+    share = f.observe(seen, {"masked_share": ops.zeros(())})["masked_share"]
+    np.testing.assert_allclose(ops.convert_to_numpy(share), 0.1 * 0.5)
+    # A training pass over rows a scoring pass saw counts none of them.
+    rows.counted = ops.ones((2,), "float32")
+    seen = _filtering._seen(rows, True, counted, masked, values, 3)
+    assert float(ops.convert_to_numpy(seen.samples)) == 0.0
+
+
 @pytest.mark.parametrize("jit_compile", JIT)
 def test_filters_train_a_multi_label_model(jit_compile):
     # MultiLabelASSoftmaxLoss has no `ignore_class`: every row counts.

@@ -67,8 +67,9 @@ class Seen(NamedTuple):
         ids: int32 `[batch]` sample ids of the pass's rows.
         ran: bool `[batch]`, the rows the pass ran on.
         sample_loss, sample_masked: float32 `[batch]`, as in `View`.
-        rows, masked_rows: float32 scalars, counted and masked rows the
-            pass saw for the first time in this step.
+        samples, masked_samples: float32 scalars: the samples with a
+            counted row that the pass saw first in this step, and those
+            among them that are masked.
         epoch: int32 scalar.
     """
 
@@ -76,8 +77,8 @@ class Seen(NamedTuple):
     ran: object
     sample_loss: object
     sample_masked: object
-    rows: object
-    masked_rows: object
+    samples: object
+    masked_samples: object
     epoch: object
 
 

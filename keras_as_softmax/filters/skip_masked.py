@@ -93,8 +93,10 @@ class SkipMasked(ScoringFilter):
 
     def observe(self, seen, state):
         share = state["masked_share"]
-        new = seen.masked_rows / ops.maximum(seen.rows, 1.0)
-        share = ops.where(seen.rows > 0, (1 - _EMA) * share + _EMA * new, share)
+        new = seen.masked_samples / ops.maximum(seen.samples, 1.0)
+        share = ops.where(
+            seen.samples > 0, (1 - _EMA) * share + _EMA * new, share
+        )
         return {"masked_share": share}
 
     def get_config(self):

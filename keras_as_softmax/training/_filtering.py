@@ -276,15 +276,19 @@ def _scoring_view(loss, rows, y, y_pred, go, draws, epoch, epochs):
     return view, counted, masked, values
 
 
-def _seen(rows, ran, counted, masked, values, n_all, n_masked, epoch):
-    """What the filters observe of a pass over `rows` (if `ran`)."""
+def _seen(rows, ran, counted, masked, values, epoch):
+    """What the filters observe of a pass over `rows` (if `ran`). The
+    sample counts cover the samples with a counted row that no pass of
+    this step saw before (`rows.counted`)."""
+    sample_masked = _sample_masked(counted, masked)
+    fresh = _sample_counted(counted) * (1.0 - rows.counted)
     return Seen(
         rows.ids,
         _rows_of(ran, rows),
         _sample_loss(counted, values),
-        _sample_masked(counted, masked),
-        n_all,
-        n_masked,
+        sample_masked,
+        ops.sum(fresh),
+        ops.sum(fresh * sample_masked),
         epoch,
     )
 
@@ -377,7 +381,7 @@ def filtered_step(
         states = _observe(
             filters,
             states,
-            _seen(rows, go, counted, masked, values, n_all, n_masked, epoch),
+            _seen(rows, go, counted, masked, values, epoch),
         )
         rows = rows._replace(
             counted=ops.where(go, ops.ones_like(rows.counted), rows.counted)
@@ -404,7 +408,7 @@ def filtered_step(
     states = _observe(
         filters,
         states,
-        _seen(rows, full, counted, masked, values, n_all, n_masked, epoch),
+        _seen(rows, full, counted, masked, values, epoch),
     )
     state = state._replace(states=states)
     trained = ops.cast(full, "float32")
