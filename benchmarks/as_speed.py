@@ -10,7 +10,13 @@ seed) is first reached, the ratios of those times to softmax's, and the
 ratio of whole runs with compilation counted.
 
 The default run: 2048 training sentences, 8 epochs, three seeds, on
-TensorFlow (XLA) or JAX (`KERAS_BACKEND=jax`). The methods:
+TensorFlow (XLA), JAX (`KERAS_BACKEND=jax`) or PyTorch. `--task
+multilabel` or `--task tokens` runs the bundled WordNet multi-label or
+token-tagging task instead (there, `softmax` is each task's reference:
+the multi-label categorical cross entropy, per-token softmax). A second
+table gives, per epoch, the `masked_ratio` that `fit` logs, the share of
+samples trained and the epoch's time over softmax's: what a filter saves
+at each masked share. The methods:
 
 * `softmax`: plain fine-tuning, the reference of every ratio.
 * `as_skip_hybrid`: AS-Softmax under `ASSpeed` with
@@ -37,6 +43,7 @@ Usage:
 python benchmarks/as_speed.py
 KERAS_BACKEND=jax python benchmarks/as_speed.py
 python benchmarks/as_speed.py --methods softmax,as_speed --epochs 3
+python benchmarks/as_speed.py --task multilabel --methods softmax,as_skip
 python benchmarks/as_speed.py --quick           # smoke run
 # variants: a method, then `/key=value` settings of that run alone
 python benchmarks/as_speed.py --methods \
@@ -82,7 +89,19 @@ def parse_args(argv=None):
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--lam", type=float, default=0.5)
     parser.add_argument("--max-steps", type=int, default=5)
-    parser.add_argument("--delta", type=float, default=0.3)
+    parser.add_argument(
+        "--task",
+        choices=("multiclass", "multilabel", "tokens"),
+        default="multiclass",
+        help="the bundled WordNet task: lexicographer categories (45 "
+        "classes), multi-label categories, or token tags",
+    )
+    parser.add_argument(
+        "--delta",
+        type=float,
+        default=None,
+        help="AS-Softmax's margin (default: 0.3, 0.05 for multilabel)",
+    )
     parser.add_argument(
         "--warmup-ratio",
         type=float,
@@ -151,6 +170,46 @@ def per_epoch(name, values):
     return f"{name}/epoch {[round(v, 2) for v in values]} "
 
 
+def per_epoch_table(results, baseline="softmax"):
+    """Per method and epoch, over seeds: the masked share that `fit` logs
+    (`masked_ratio`, the mean over the epoch's batches), the share of drawn
+    samples trained, and the epoch's training seconds over the baseline's
+    same epoch and seed: what a filter saves at each masked share."""
+    import numpy as np
+
+    base = {r.seed: r.epoch_times for r in results if r.method == baseline}
+    lines = [
+        "per epoch, mean over seeds: masked_ratio as fit logs it / trained "
+        f"share / epoch seconds over {baseline}'s",
+        f"{'method':40s} "
+        + " ".join(
+            f"{'epoch ' + str(e):>17s}"
+            for e in range(1, 1 + max(r.epochs for r in results))
+        ),
+    ]
+    for method in dict.fromkeys(r.method for r in results):
+        if method == baseline:
+            continue
+        runs = [r for r in results if r.method == method and r.seed in base]
+        cells = []
+        for e in range(min(r.epochs for r in runs) if runs else 0):
+            masked, trained, ratio = [], [], []
+            for r in runs:
+                start = sum(r.batches_per_epoch[:e])
+                end = start + r.batches_per_epoch[e]
+                masked.append(np.nanmean(r.masked_ratio[start:end]))
+                trained.append(
+                    r.trained_fraction[e] if r.trained_fraction else 1.0
+                )
+                ratio.append(r.epoch_times[e] / base[r.seed][e])
+            cells.append(
+                f"{np.mean(masked):.2f}/{np.mean(trained):.2f}/"
+                f"{np.mean(ratio):.2f}"
+            )
+        lines.append(f"{method:40s} " + " ".join(f"{c:>17s}" for c in cells))
+    return "\n".join(lines)
+
+
 def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
@@ -160,7 +219,14 @@ def main(argv=None):
     from as_softmax_lab import datasets
 
     backbone = lab.load_backbone(args.preset)
-    data = datasets.load_text_classification(
+    if args.delta is None:
+        args.delta = lab.DEFAULT_DELTA[args.task]
+    load = {
+        "multiclass": datasets.load_text_classification,
+        "multilabel": datasets.load_multilabel_classification,
+        "tokens": datasets.load_token_classification,
+    }[args.task]
+    data = load(
         "wordnet",
         max_examples={
             "train": args.train_size,
@@ -229,6 +295,8 @@ def main(argv=None):
             )
     print()
     print(lab.compare(results))
+    print()
+    print(per_epoch_table(results))
     print(
         "\ns/epoch: training seconds per epoch, XLA compile and validation "
         "excluded; t->base best: training seconds until the softmax run of "
