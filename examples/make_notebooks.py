@@ -64,7 +64,7 @@ margins), but the models are still improving when training stops: the
 accuracy gaps between the methods here are not the ones of a converged
 fine-tuning, and each epoch is too short for its timings to show what the
 filters save. For those, read the fine-tuning rows of the
-[paper tables]({TABLES}) (2048 sentences, up to 8 epochs, 3 seeds) and
+[paper tables]({TABLES}) (2048 sentences, up to 8 epochs) and
 the [speed-up table]({SPEED}).
 """
 
