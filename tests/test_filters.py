@@ -39,6 +39,25 @@ def test_queue_appends_kept_rows_in_order_and_pops_the_front():
     assert int(ops.convert_to_numpy(queue.buffers[0])[0]) == 13
 
 
+def test_layout_packs_a_rows_leaves_into_one_buffer_per_dtype():
+    layout = _queue.Layout(
+        [((3,), "int32"), ((2, 2), "float32"), ((), "int32"), ((), "bool")]
+    )
+    assert layout.dtypes == ["int32", "float32", "bool"]
+    assert layout.widths == [4, 4, 1]
+    rng = np.random.default_rng(0)
+    leaves = [
+        rng.integers(0, 9, (5, 3)).astype("int32"),
+        rng.normal(size=(5, 2, 2)).astype("float32"),
+        np.arange(5, dtype="int32"),
+        np.array([True, False, True, True, False]),
+    ]
+    packed = layout.pack([ops.convert_to_tensor(a) for a in leaves])
+    assert [tuple(ops.shape(b)) for b in packed] == [(5, 4), (5, 4), (5, 1)]
+    for a, b in zip(leaves, layout.unpack(packed)):
+        np.testing.assert_array_equal(ops.convert_to_numpy(b), a)
+
+
 # ----------------------------------------------------- the pipeline alone
 
 
@@ -91,9 +110,14 @@ def run_pipeline(
         ((), "float32"),
     ]
 
+    layout = _queue.Layout(leaves)
+
     def queue():
         return _queue.RowQueue(
-            [ops.zeros((2 * batch, *s), d) for s, d in leaves],
+            [
+                ops.zeros((2 * batch, width), dtype)
+                for dtype, width in zip(layout.dtypes, layout.widths)
+            ],
             ops.convert_to_tensor(0, "int32"),
         )
 
@@ -113,6 +137,7 @@ def run_pipeline(
         sample_filters=sample_filter,
         loss=kas.ASSoftmaxLoss(0.3),
         _filter_batch_size=batch,
+        _queue_layout=layout,
         _row_tail=(),
         _output_tail=(NUM_CLASSES,),
         _output_dtype="float32",

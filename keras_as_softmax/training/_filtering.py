@@ -319,6 +319,7 @@ def filtered_step(
     scoring_at = [i for i, f in enumerate(filters) if f.scores]
     loss = model.loss
     size = model._filter_batch_size
+    layout = model._queue_layout
     rows = _drawn_rows(model, x, y, sample_weight, ids)
     batch = ops.shape(rows.ids)[0]
     n_x, n_y = len(rows.x), len(rows.y)
@@ -340,16 +341,20 @@ def filtered_step(
         count_masked += skipped
         if not scoring_at:
             state = state._replace(
-                train_queue=queue_ops.push(state.train_queue, rows.flat(), keep)
+                train_queue=queue_ops.push(
+                    state.train_queue, layout.pack(rows.flat()), keep
+                )
             )
         else:
-            queue = queue_ops.push(state.score_queue, rows.flat(), keep)
+            queue = queue_ops.push(
+                state.score_queue, layout.pack(rows.flat()), keep
+            )
             popped, rest = queue_ops.pop(queue, size)
             ready = queue.count >= size
             state = state._replace(
                 score_queue=queue_ops.select(ready, rest, queue)
             )
-            rows = Rows.unflat(popped, n_x, n_y)
+            rows = Rows.unflat(layout.unpack(popped), n_x, n_y)
 
     # A scoring filter: score, keep what it selects.
     scored = ops.zeros((), "float32")
@@ -387,7 +392,9 @@ def filtered_step(
             counted=ops.where(go, ops.ones_like(rows.counted), rows.counted)
         )
         state = state._replace(
-            train_queue=queue_ops.push(state.train_queue, rows.flat(), keep)
+            train_queue=queue_ops.push(
+                state.train_queue, layout.pack(rows.flat()), keep
+            )
         )
 
     # The training pass, on `size` queued rows.
@@ -395,7 +402,7 @@ def filtered_step(
     popped, rest = queue_ops.pop(queue, size)
     full = queue.count >= size
     state = state._replace(train_queue=queue_ops.select(full, rest, queue))
-    rows = Rows.unflat(popped, n_x, n_y)
+    rows = Rows.unflat(layout.unpack(popped), n_x, n_y)
     train_x = keras.tree.pack_sequence_as(x, rows.x)
     train_y = keras.tree.pack_sequence_as(y, rows.y)
     grads, y_pred, values, value = hooks.maybe_train(

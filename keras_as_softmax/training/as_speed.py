@@ -277,13 +277,16 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self._row_tail = tuple(spec["row_tail"])
         self._output_tail = tuple(spec["output_tail"])
         self._output_dtype = spec["output_dtype"]
-        leaves = [(tuple(s), d) for s, d in spec["leaves"]]
+        layout = _queue.Layout([(tuple(s), d) for s, d in spec["leaves"]])
+        self._queue_layout = layout
 
         def queue(prefix):
             return _queue.RowQueue(
                 [
-                    self._state(f"{prefix}_{i}", d, (2 * size, *s))
-                    for i, (s, d) in enumerate(leaves)
+                    self._state(f"{prefix}_{i}", dtype, (2 * size, width))
+                    for i, (dtype, width) in enumerate(
+                        zip(layout.dtypes, layout.widths)
+                    )
                 ],
                 self._state(f"{prefix}_count", "int32"),
             )
