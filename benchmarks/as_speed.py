@@ -295,8 +295,6 @@ def main(argv=None):
             )
     print()
     print(lab.compare(results))
-    print()
-    print(per_epoch_table(results))
     print(
         "\ns/epoch: training seconds per epoch, XLA compile and validation "
         "excluded; t->base best: training seconds until the softmax run of "
@@ -304,6 +302,8 @@ def main(argv=None):
         "seed never does); ratios are to softmax (< 1 is faster); +compile "
         "ratio: of whole runs, training and compile seconds together."
     )
+    print()
+    print(per_epoch_table(results))
     print(f"total wall time {time.perf_counter() - start:.0f}s")
     return 0
 
