@@ -11,6 +11,7 @@ from keras import ops
 import keras_as_softmax as kas
 from keras_as_softmax import filters
 from keras_as_softmax.training import _filtering
+from keras_as_softmax.training import _layout
 from keras_as_softmax.training import _queue
 from tests.backend_utils import BACKEND
 
@@ -40,8 +41,9 @@ def test_queue_appends_kept_rows_in_order_and_pops_the_front():
 
 
 def test_layout_packs_a_rows_leaves_into_one_buffer_per_dtype():
-    layout = _queue.Layout(
-        [((3,), "int32"), ((2, 2), "float32"), ((), "int32"), ((), "bool")]
+    layout = _layout.Layout(
+        [((3,), "int32"), ((2, 2), "float32"), ((), "int32"), ((), "bool")],
+        rows=True,
     )
     assert layout.dtypes == ["int32", "float32", "bool"]
     assert layout.widths == [4, 4, 1]
@@ -55,6 +57,19 @@ def test_layout_packs_a_rows_leaves_into_one_buffer_per_dtype():
     packed = layout.pack([ops.convert_to_tensor(a) for a in leaves])
     assert [tuple(ops.shape(b)) for b in packed] == [(5, 4), (5, 4), (5, 1)]
     for a, b in zip(leaves, layout.unpack(packed)):
+        np.testing.assert_array_equal(ops.convert_to_numpy(b), a)
+
+
+def test_layout_packs_tensors_end_to_end_without_a_row_axis():
+    # As the accumulating optimizer holds the gradient sums of every weight.
+    layout = _layout.Layout([((3, 2), "float32"), ((4,), "float32")])
+    assert layout.buffer_shapes() == [((10,), "float32")]
+    rng = np.random.default_rng(0)
+    leaves = [rng.normal(size=s).astype("float32") for s in ((3, 2), (4,))]
+    (packed,) = layout.pack([ops.convert_to_tensor(a) for a in leaves])
+    flat = np.concatenate([a.ravel() for a in leaves])
+    np.testing.assert_array_equal(ops.convert_to_numpy(packed), flat)
+    for a, b in zip(leaves, layout.unpack([packed])):
         np.testing.assert_array_equal(ops.convert_to_numpy(b), a)
 
 
@@ -110,7 +125,7 @@ def run_pipeline(
         ((), "float32"),
     ]
 
-    layout = _queue.Layout(leaves)
+    layout = _layout.Layout(leaves, rows=True)
 
     def queue():
         return _queue.RowQueue(

@@ -6,55 +6,20 @@ of the rows waiting at the front. `push` appends the kept rows of a batch
 in their order, `pop` takes the first `size` rows. Rows past the count hold
 stale values that are never read.
 
-A row has several leaves (inputs, labels, weights, ids); `Layout` packs
-them into one `[rows, width]` buffer per dtype, so that a queue holds a
-buffer or two whatever the model's inputs: a compiled step passes each
-buffer in and out at a cost per buffer, and moves each with a gather.
+A row has several leaves (inputs, labels, weights, ids); a
+`_layout.Layout(rows=True)` packs them into one `[rows, width]` buffer per
+dtype, so that a queue holds a buffer or two whatever the model's inputs
+and moves each with one gather.
 """
 
 from typing import NamedTuple
 
-import numpy as np
 from keras import ops
 
 
 class RowQueue(NamedTuple):
     buffers: list
     count: object
-
-
-class Layout:
-    """Where each leaf of a row lives: columns of its dtype's buffer.
-
-    Args:
-        leaves: `(shape, dtype)` of each leaf, without the row axis.
-    """
-
-    def __init__(self, leaves):
-        self.dtypes, self.widths, self.slots = [], [], []
-        for shape, dtype in leaves:
-            if dtype not in self.dtypes:
-                self.dtypes.append(dtype)
-                self.widths.append(0)
-            index = self.dtypes.index(dtype)
-            start = self.widths[index]
-            self.widths[index] += int(np.prod(shape, dtype="int64"))
-            self.slots.append((index, start, self.widths[index], tuple(shape)))
-
-    def pack(self, leaves):
-        """The leaves `[rows, *shape]` as one `[rows, width]` per dtype."""
-        parts = [[] for _ in self.dtypes]
-        for leaf, (index, start, stop, _) in zip(leaves, self.slots):
-            leaf = ops.cast(leaf, self.dtypes[index])
-            parts[index].append(ops.reshape(leaf, (-1, stop - start)))
-        return [p[0] if len(p) == 1 else ops.concatenate(p, 1) for p in parts]
-
-    def unpack(self, buffers):
-        """The leaves of packed `buffers` (the inverse of `pack`)."""
-        return [
-            ops.reshape(buffers[index][:, start:stop], (-1, *shape))
-            for index, start, stop, shape in self.slots
-        ]
 
 
 def push(queue, rows, keep):

@@ -15,6 +15,7 @@ from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
 from keras_as_softmax.metrics import MaskedRatio
 from keras_as_softmax.metrics import count_masked_rows
 from keras_as_softmax.training import _filtering
+from keras_as_softmax.training import _layout
 from keras_as_softmax.training import _queue
 from keras_as_softmax.training._filtering import FilterState
 from keras_as_softmax.training.accumulation import AdaptiveSteps
@@ -277,7 +278,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self._row_tail = tuple(spec["row_tail"])
         self._output_tail = tuple(spec["output_tail"])
         self._output_dtype = spec["output_dtype"]
-        layout = _queue.Layout([(tuple(s), d) for s, d in spec["leaves"]])
+        layout = _layout.Layout(
+            [(tuple(s), d) for s, d in spec["leaves"]], rows=True
+        )
         self._queue_layout = layout
 
         def queue(prefix):

@@ -4,6 +4,7 @@ wrapper, after Keras's `LossScaleOptimizer`."""
 import keras
 from keras import ops
 
+from keras_as_softmax.training import _layout
 from keras_as_softmax.training import accumulation
 
 
@@ -60,13 +61,22 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
     def build(self, var_list):
         if self.built:
             return
+        # The window's sums of every weight's gradients, end to end in one
+        # buffer per dtype: a compiled step passes each of its variables
+        # as a buffer of its own, at a cost per buffer that a step feels
+        # when the model has hundreds of weights or a fast accelerator.
+        self._layout = _layout.Layout([(v.shape, v.dtype) for v in var_list])
         self.grad_sums = [
-            self.add_variable_from_reference(v, name="accumulated_gradient")
-            for v in var_list
+            self.add_variable(
+                shape,
+                initializer="zeros",
+                dtype=dtype,
+                name="accumulated_gradients",
+            )
+            for shape, dtype in self._layout.buffer_shapes()
         ]
         # `[micro-batches, rows, masked rows, steps, has_grads]` in one
-        # variable: a compiled step passes every variable as a buffer of
-        # its own, at a cost per buffer that a small model's step feels.
+        # variable, for the same reason.
         steps = getattr(self.steps_rule, "initial_steps", 1)
         self.window_counts = self.add_variable(
             (5,),
@@ -122,8 +132,17 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             ]
         )
 
+    def _pack(self, grads):
+        """Gradients, one per weight (`None` for none), as the sums' packed
+        buffers."""
+        grads = [
+            ops.zeros(shape, self._layout.dtypes[index]) if g is None else g
+            for g, (index, _, _, shape) in zip(grads, self._layout.slots)
+        ]
+        return self._layout.pack(grads)
+
     def _window(self):
-        """The window's values, as an `AccumulationState`."""
+        """The window's values, as an `AccumulationState` (sums packed)."""
         return self._values(
             [v.value for v in self.grad_sums], self.window_counts.value
         )
@@ -148,7 +167,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         `stateless_apply` with `grads=None`."""
         n = len(self.grad_sums)
         state = accumulation.add_gradients(
-            self._values(window[:n], window[n]), grads
+            self._values(window[:n], window[n]), self._pack(grads)
         )
         return [*state.grad_sum, self._counts(state)]
 
@@ -175,6 +194,8 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         values = list(optimizer_variables)
         inner = values[n + 1 :]
         window = self._values(values[:n], values[n])
+        if grads is not None:
+            grads = self._pack(grads)
         window = accumulation.add(window, grads, rows, masked_rows)
         due = accumulation.is_due(window)
 
@@ -182,8 +203,9 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         # untaken branch aliases what it carries). The sums only enter it
         # to be read: a conditional that returned them would copy them.
         def apply_mean():
+            mean = self._layout.unpack(accumulation.window_mean(window))
             new_trainable, new_inner = self.inner_optimizer.stateless_apply(
-                inner, accumulation.window_mean(window), trainable_variables
+                inner, mean, trainable_variables
             )
             return list(new_trainable), list(new_inner)
 
@@ -203,7 +225,9 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         if keras.backend.backend() == "torch":
             self._torch_accumulate(grads)
             return
-        self._assign_window(accumulation.add_gradients(self._window(), grads))
+        self._assign_window(
+            accumulation.add_gradients(self._window(), self._pack(grads))
+        )
 
     def apply(self, grads, trainable_variables=None, rows=0.0, masked_rows=0.0):
         """Adds one micro-batch and applies the window's mean when due.
@@ -240,25 +264,33 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         else:
             self._common_apply(grads, trainable_variables, rows, masked_rows)
 
-    def _add(self, grads, rows, masked_rows):
-        window = accumulation.add(self._window(), grads, rows, masked_rows)
-        self._assign_window(window, sums=grads is not None)
+    def _add(self, packed, rows, masked_rows):
+        window = accumulation.add(self._window(), packed, rows, masked_rows)
+        self._assign_window(window, sums=packed is not None)
 
     def _finish(self, trainable_variables, divisor=1):
         mean, fresh = accumulation.finish_window(
             self._window(), self.steps_rule, divisor
         )
-        self.inner_optimizer.apply(mean, trainable_variables)
+        self.inner_optimizer.apply(
+            self._layout.unpack(mean), trainable_variables
+        )
         # The sums stay as they are, marked stale.
         self._assign_window(fresh, sums=False)
 
     def _common_apply(self, grads, trainable_variables, rows, masked_rows):
-        self._add(grads, rows, masked_rows)
+        self._add(
+            None if grads is None else self._pack(grads), rows, masked_rows
+        )
         ops.cond(
             accumulation.is_due(self._window()),
             lambda: self._finish(trainable_variables),
             lambda: None,
         )
+
+    def _torch_sums(self):
+        """Views of the sums' buffers, one per weight."""
+        return self._layout.unpack([v.value for v in self.grad_sums])
 
     def _torch_accumulate(self, grads, has_grads=None):
         import torch
@@ -267,7 +299,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         if has_grads is None:
             has_grads = bool(counts[4])
         with torch.no_grad():
-            sums = [v.value for v in self.grad_sums]
+            sums = self._torch_sums()
             grads = _torch_grads(grads, sums)
             if has_grads:
                 torch._foreach_add_(sums, grads)
@@ -290,17 +322,15 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             counts[1] += rows
             counts[2] += masked_rows
         micro_batches, _, _, steps, has_grads = counts.tolist()
+        if grads is not None and (micro_batches < steps or has_grads):
+            self._torch_accumulate(grads, has_grads)
+            grads, has_grads = None, True
         if micro_batches < steps:
-            if grads is not None:
-                self._torch_accumulate(grads, has_grads)
             return
         with torch.no_grad():
-            sums = [v.value for v in self.grad_sums]
+            sums = self._torch_sums()
             if grads is not None:
                 grads = _torch_grads(grads, sums)
-                if has_grads:
-                    torch._foreach_add_(sums, grads)
-                    grads = sums
             elif has_grads:
                 grads = sums
             else:
@@ -327,7 +357,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             self._common_apply(grads, trainable_variables, rows, masked_rows)
             return
         if grads is not None:
-            grads = context.all_reduce("sum", list(grads))
+            grads = context.all_reduce("sum", self._pack(grads))
         self._add(grads, rows, masked_rows)
 
         def cross_replica(distribution, due):
