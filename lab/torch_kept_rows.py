@@ -127,16 +127,13 @@ def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
         )
         keep, weight = scoring_filter.select(view, states[i])
         keep, rows = _filtering._apply_weight(rows, True, keep, weight)
-        n_all = ops.sum(ops.cast(counted, "float32"))
-        n_masked = ops.sum(ops.cast(masked, "float32"))
+        n_all, n_masked, seen = _filtering._pass_counts(
+            rows, True, counted, masked, values, epoch
+        )
         scored = ops.ones((), "float32")
         count_all += n_all
         count_masked += n_masked
-        states = _filtering._observe(
-            filters,
-            states,
-            _filtering._seen(rows, True, counted, masked, values, epoch),
-        )
+        states = _filtering._observe(filters, states, seen)
         rows = rows._replace(counted=ops.ones_like(rows.counted))
         rows = take(rows, keep)
 
@@ -149,12 +146,10 @@ def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
         counted, masked, values = _filtering._pass_flags(
             loss, rows, train_y, y_pred, True, values
         )
-        n_all, n_masked = _filtering._fresh_counts(rows, counted, masked)
-        states = _filtering._observe(
-            filters,
-            states,
-            _filtering._seen(rows, True, counted, masked, values, epoch),
+        n_all, n_masked, seen = _filtering._pass_counts(
+            rows, True, counted, masked, values, epoch
         )
+        states = _filtering._observe(filters, states, seen)
         if metric_out is None:
             one = ops.ones((), "float32")
             metric_out = (train_y, y_pred, rows.metric_weight, value, one)

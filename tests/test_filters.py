@@ -573,7 +573,12 @@ def test_skip_masked_follows_the_share_of_masked_samples_not_rows():
         ids=ops.zeros((2,), "int32"),
         counted=ops.zeros((2,), "float32"),  # not seen earlier this step
     )
-    seen = _filtering._seen(rows, True, counted, masked, values, 3)
+    n_rows, n_masked, seen = _filtering._pass_counts(
+        rows, True, counted, masked, values, 3
+    )
+    # AS-Speed's rule counts tokens; the filters, sequences.
+    assert float(ops.convert_to_numpy(n_rows)) == 6.0
+    assert float(ops.convert_to_numpy(n_masked)) == 5.0
     assert float(ops.convert_to_numpy(seen.samples)) == 2.0
     assert float(ops.convert_to_numpy(seen.masked_samples)) == 1.0
     f = filters.SkipMasked()
@@ -581,7 +586,10 @@ def test_skip_masked_follows_the_share_of_masked_samples_not_rows():
     np.testing.assert_allclose(ops.convert_to_numpy(share), 0.1 * 0.5)
     # A training pass over rows a scoring pass saw counts none of them.
     rows.counted = ops.ones((2,), "float32")
-    seen = _filtering._seen(rows, True, counted, masked, values, 3)
+    n_rows, _, seen = _filtering._pass_counts(
+        rows, True, counted, masked, values, 3
+    )
+    assert float(ops.convert_to_numpy(n_rows)) == 0.0
     assert float(ops.convert_to_numpy(seen.samples)) == 0.0
 
 

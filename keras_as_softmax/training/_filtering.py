@@ -276,21 +276,31 @@ def _scoring_view(loss, rows, y, y_pred, go, draws, epoch, epochs):
     return view, counted, masked, values
 
 
-def _seen(rows, ran, counted, masked, values, epoch):
-    """What the filters observe of a pass over `rows` (if `ran`). The
-    sample counts cover the samples with a counted row that no pass of
-    this step saw before (`rows.counted`)."""
+def _pass_counts(rows, ran, counted, masked, values, epoch):
+    """What a pass over `rows` (if `ran`) counts that no earlier pass of
+    this step counted (`rows.counted`).
+
+    Returns:
+        `(rows, masked_rows, seen)`: float32 sums of such fresh counted
+        and masked rows (AS-Speed's counts), and the `Seen` the filters
+        observe, whose sample counts are of fresh samples.
+    """
+    not_seen = 1.0 - rows.counted
+    counted_rows = ops.cast(counted, "float32")
+    fresh_rows = counted_rows * _broadcast_rows(not_seen, counted_rows)
     sample_masked = _sample_masked(counted, masked)
-    fresh = _sample_counted(counted) * (1.0 - rows.counted)
-    return Seen(
+    fresh_samples = _sample_counted(counted) * not_seen
+    seen = Seen(
         rows.ids,
         _rows_of(ran, rows),
         _sample_loss(counted, values),
         sample_masked,
-        ops.sum(fresh),
-        ops.sum(fresh * sample_masked),
+        ops.sum(fresh_samples),
+        ops.sum(fresh_samples * sample_masked),
         epoch,
     )
+    n_masked = ops.sum(ops.cast(masked, "float32") * fresh_rows)
+    return ops.sum(fresh_rows), n_masked, seen
 
 
 def filtered_step(
@@ -378,16 +388,13 @@ def filtered_step(
         keep, rows = _apply_weight(rows, go, keep, weight)
         if ready is not None:
             keep = ops.logical_and(keep, ready)
-        n_all = ops.sum(ops.cast(counted, "float32"))
-        n_masked = ops.sum(ops.cast(masked, "float32"))
+        n_all, n_masked, seen = _pass_counts(
+            rows, go, counted, masked, values, epoch
+        )
         scored = ops.cast(go, "float32")
         count_all += n_all
         count_masked += n_masked
-        states = _observe(
-            filters,
-            states,
-            _seen(rows, go, counted, masked, values, epoch),
-        )
+        states = _observe(filters, states, seen)
         rows = rows._replace(
             counted=ops.where(go, ops.ones_like(rows.counted), rows.counted)
         )
@@ -411,13 +418,10 @@ def filtered_step(
     counted, masked, values = _pass_flags(
         loss, rows, train_y, y_pred, full, values
     )
-    n_all, n_masked = _fresh_counts(rows, counted, masked)
-    states = _observe(
-        filters,
-        states,
-        _seen(rows, full, counted, masked, values, epoch),
+    n_all, n_masked, seen = _pass_counts(
+        rows, full, counted, masked, values, epoch
     )
-    state = state._replace(states=states)
+    state = state._replace(states=_observe(filters, states, seen))
     trained = ops.cast(full, "float32")
     train_out = (train_y, y_pred, rows.metric_weight * trained, value, trained)
     output = _output(
@@ -431,16 +435,6 @@ def filtered_step(
         go if scoring_at else None,
     )
     return output, state
-
-
-def _fresh_counts(rows, counted, masked):
-    """`(counted, masked)` rows of a training pass that no scoring pass
-    counted this step."""
-    fresh = _broadcast_rows(1.0 - rows.counted, ops.cast(counted, "float32"))
-    return (
-        ops.sum(ops.cast(counted, "float32") * fresh),
-        ops.sum(ops.cast(masked, "float32") * fresh),
-    )
 
 
 def _output(
