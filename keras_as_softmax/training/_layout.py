@@ -8,8 +8,14 @@ gradients of every weight) lives packed: one buffer per dtype, and views
 of it where a tensor is needed, which a compiler fuses into their use.
 """
 
+import keras
 import numpy as np
 from keras import ops
+
+# Eager PyTorch pays a conversion per `keras.ops` call, and a filtered step
+# packs and unpacks its rows on every drawn batch: there the layout uses
+# tensor methods, which `torch.compile` traces as well.
+_TORCH = keras.backend.backend() == "torch"
 
 
 class Layout:
@@ -45,22 +51,42 @@ class Layout:
         parts = [[] for _ in self.dtypes]
         lead = (-1,) if self.rows else ()
         for leaf, (index, start, stop, _) in zip(leaves, self.slots):
-            leaf = ops.cast(leaf, self.dtypes[index])
-            parts[index].append(ops.reshape(leaf, (*lead, stop - start)))
+            shape = (*lead, stop - start)
+            if _TORCH:
+                leaf = leaf.to(_torch_dtype(self.dtypes[index])).reshape(shape)
+            else:
+                leaf = ops.reshape(ops.cast(leaf, self.dtypes[index]), shape)
+            parts[index].append(leaf)
         axis = 1 if self.rows else 0
-        return [
-            p[0] if len(p) == 1 else ops.concatenate(p, axis) for p in parts
-        ]
+        concatenate = _torch_cat if _TORCH else ops.concatenate
+        return [p[0] if len(p) == 1 else concatenate(p, axis) for p in parts]
 
     def unpack(self, buffers):
         """The tensors of packed `buffers` (the inverse of `pack`); on
         PyTorch, views of the buffers."""
+        reshape = _torch_reshape if _TORCH else ops.reshape
         if self.rows:
             return [
-                ops.reshape(buffers[index][:, start:stop], (-1, *shape))
+                reshape(buffers[index][:, start:stop], (-1, *shape))
                 for index, start, stop, shape in self.slots
             ]
         return [
-            ops.reshape(buffers[index][start:stop], shape)
+            reshape(buffers[index][start:stop], shape)
             for index, start, stop, shape in self.slots
         ]
+
+
+def _torch_dtype(dtype):
+    import torch
+
+    return getattr(torch, dtype)
+
+
+def _torch_cat(tensors, axis):
+    import torch
+
+    return torch.cat(tensors, axis)
+
+
+def _torch_reshape(tensor, shape):
+    return tensor.reshape(shape)

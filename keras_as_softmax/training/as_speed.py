@@ -12,7 +12,6 @@ from keras_as_softmax._validation import check_int
 from keras_as_softmax._validation import check_positive
 from keras_as_softmax.losses import ASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
-from keras_as_softmax.metrics import MaskedRatio
 from keras_as_softmax.metrics import count_masked_rows
 from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import _layout
@@ -171,15 +170,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self.max_steps = check_int(max_steps, "max_steps", 1)
         self.sample_filters = filters_lib.as_list(sample_filter)
         self.masked_outputs = _output_names(masked_outputs)
-        self.masked_ratio_tracker = MaskedRatio(name="masked_ratio")
-        if self.sample_filters:
-            self.trained_fraction_tracker = keras.metrics.Mean(
-                name="trained_fraction"
-            )
-        if self._scoring_filter is not None:
-            self.scored_fraction_tracker = keras.metrics.Mean(
-                name="scored_fraction"
-            )
+        self.shares_tracker = _StepShares(
+            filters=bool(self.sample_filters),
+            scoring=self._scoring_filter is not None,
+        )
         self._filter_spec = None
         self._start_steps = None
         if model.built:
@@ -586,18 +580,14 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         # Evaluation counts masked rows here; train steps count them where
         # they have the per-row values and call `_step_metrics`.
         counts = self._count_masked(y, y_pred, sample_weight)
-        self.masked_ratio_tracker.update_counts(*counts)
+        self.shares_tracker.update_shares(counts)
         return super().compute_metrics(x, y, y_pred, sample_weight)
 
     def _step_metrics(
         self, x, y, y_pred, sample_weight, counts, trained, scored=None
     ):
         """The train step's metric updates: counts it already has."""
-        self.masked_ratio_tracker.update_counts(*counts)
-        if self.sample_filters:
-            self.trained_fraction_tracker.update_state(trained)
-        if scored is not None and self._scoring_filter is not None:
-            self.scored_fraction_tracker.update_state(scored)
+        self.shares_tracker.update_shares(counts, trained, scored)
         return keras.Model.compute_metrics(self, x, y, y_pred, sample_weight)
 
     # ------------------------------------------------------ data and fit
@@ -869,6 +859,57 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             for f in config.get("sample_filter") or []
         ]
         return cls(**config)
+
+
+class _StepShares(keras.metrics.Metric):
+    """`masked_ratio`, and with filters `trained_fraction` (drawn batches
+    with a training pass) and `scored_fraction` (with a scoring pass), in
+    one metric with one variable: a compiled step passes each metric
+    variable as a buffer of its own.
+
+    The variable holds `[masked rows, counted rows, trained, scored, train
+    steps]`; `result` is a dict of the shares, which Keras's logs take as
+    entries of their own.
+    """
+
+    def __init__(
+        self, filters=False, scoring=False, name="step_shares", dtype=None
+    ):
+        super().__init__(name=name, dtype=dtype)
+        self.filters = filters
+        self.scoring = scoring
+        self.counts = self.add_variable(
+            shape=(5,), initializer="zeros", name="counts"
+        )
+
+    def update_shares(self, counts, trained=None, scored=None):
+        """Adds a step's `(masked, counted)` rows, and for a training step
+        whether a training pass and a scoring pass ran (0.0 or 1.0)."""
+        values = (
+            *counts,
+            0.0 if trained is None else trained,
+            0.0 if scored is None else scored,
+            0.0 if trained is None else 1.0,
+        )
+        values = [ops.cast(v, self.dtype) for v in values]
+        self.counts.assign_add(ops.stack(values))
+
+    def update_state(self, *args, **kwargs):
+        raise NotImplementedError("ASSpeed calls `update_shares`.")
+
+    def result(self):
+        c = self.counts
+        shares = {"masked_ratio": ops.divide_no_nan(c[0], c[1])}
+        if self.filters:
+            shares["trained_fraction"] = ops.divide_no_nan(c[2], c[4])
+        if self.scoring:
+            shares["scored_fraction"] = ops.divide_no_nan(c[3], c[4])
+        return shares
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(filters=self.filters, scoring=self.scoring)
+        return config
 
 
 class _EpochSchedule(keras.callbacks.Callback):

@@ -117,7 +117,8 @@ class _Recorder(keras.callbacks.Callback):
         # On JAX, `fit` keeps the variables' values in its own state during
         # an epoch; reading `self.model` writes them back to the variables.
         model = self.model
-        masked, counted = ops.convert_to_numpy(self.tracker.counts).tolist()
+        counts = ops.convert_to_numpy(self.tracker.counts).tolist()
+        masked, counted = counts[:2]  # `MaskedRatio`, or ASSpeed's shares
         elapsed = now - self._t
         if self.step == 0:
             self.compile_time = elapsed
@@ -379,7 +380,7 @@ def run(
     )
     if isinstance(model, ASSpeed):
         model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
-        tracker = model.masked_ratio_tracker
+        tracker = model.shares_tracker
     else:
         if method.as_loss:
             tracker = MaskedRatio(loss)
