@@ -134,7 +134,9 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
 
     def _pack(self, grads):
         """Gradients, one per weight (`None` for none), as the sums' packed
-        buffers."""
+        buffers; `None` for `None`."""
+        if grads is None:
+            return None
         grads = [
             ops.zeros(shape, self._layout.dtypes[index]) if g is None else g
             for g, (index, _, _, shape) in zip(grads, self._layout.slots)
@@ -194,9 +196,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         values = list(optimizer_variables)
         inner = values[n + 1 :]
         window = self._values(values[:n], values[n])
-        if grads is not None:
-            grads = self._pack(grads)
-        window = accumulation.add(window, grads, rows, masked_rows)
+        window = accumulation.add(window, self._pack(grads), rows, masked_rows)
         due = accumulation.is_due(window)
 
         # The update runs in the conditional (with the state donated, its
@@ -279,9 +279,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         self._assign_window(fresh, sums=False)
 
     def _common_apply(self, grads, trainable_variables, rows, masked_rows):
-        self._add(
-            None if grads is None else self._pack(grads), rows, masked_rows
-        )
+        self._add(self._pack(grads), rows, masked_rows)
         ops.cond(
             accumulation.is_due(self._window()),
             lambda: self._finish(trainable_variables),
