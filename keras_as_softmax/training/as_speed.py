@@ -280,9 +280,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         def queue(prefix):
             return _queue.RowQueue(
                 [
-                    self._state(f"{prefix}_{i}", dtype, (2 * size, width))
-                    for i, (dtype, width) in enumerate(
-                        zip(layout.dtypes, layout.widths)
+                    self._state(f"{prefix}_{i}", dtype, shape)
+                    for i, (shape, dtype) in enumerate(
+                        layout.buffer_shapes(2 * size)
                     )
                 ],
                 self._state(f"{prefix}_count", "int32"),
