@@ -333,6 +333,18 @@ def filtered_step(
     rows = _drawn_rows(model, x, y, sample_weight, ids)
     batch = ops.shape(rows.ids)[0]
     n_x, n_y = len(rows.x), len(rows.y)
+
+    def push(queue, rows, keep):
+        return queue_ops.push(queue, layout.pack(rows.flat()), keep)
+
+    def pop(queue):
+        """`(rows, queue, ready)`: the first `size` rows, the queue left
+        (without them only if `ready`, when that many were waiting)."""
+        popped, rest = queue_ops.pop(queue, size)
+        ready = queue.count >= size
+        rows = Rows.unflat(layout.unpack(popped), n_x, n_y)
+        return rows, queue_ops.select(ready, rest, queue), ready
+
     epoch, epochs = model._epoch_state()
     count_all = ops.zeros((), "float32")
     count_masked = ops.zeros((), "float32")
@@ -351,20 +363,12 @@ def filtered_step(
         count_masked += skipped
         if not scoring_at:
             state = state._replace(
-                train_queue=queue_ops.push(
-                    state.train_queue, layout.pack(rows.flat()), keep
-                )
+                train_queue=push(state.train_queue, rows, keep)
             )
         else:
-            queue = queue_ops.push(
-                state.score_queue, layout.pack(rows.flat()), keep
-            )
-            popped, rest = queue_ops.pop(queue, size)
-            ready = queue.count >= size
-            state = state._replace(
-                score_queue=queue_ops.select(ready, rest, queue)
-            )
-            rows = Rows.unflat(layout.unpack(popped), n_x, n_y)
+            queue = push(state.score_queue, rows, keep)
+            rows, queue, ready = pop(queue)
+            state = state._replace(score_queue=queue)
 
     # A scoring filter: score, keep what it selects.
     scored = ops.zeros((), "float32")
@@ -398,18 +402,11 @@ def filtered_step(
         rows = rows._replace(
             counted=ops.where(go, ops.ones_like(rows.counted), rows.counted)
         )
-        state = state._replace(
-            train_queue=queue_ops.push(
-                state.train_queue, layout.pack(rows.flat()), keep
-            )
-        )
+        state = state._replace(train_queue=push(state.train_queue, rows, keep))
 
     # The training pass, on `size` queued rows.
-    queue = state.train_queue
-    popped, rest = queue_ops.pop(queue, size)
-    full = queue.count >= size
-    state = state._replace(train_queue=queue_ops.select(full, rest, queue))
-    rows = Rows.unflat(layout.unpack(popped), n_x, n_y)
+    rows, queue, full = pop(state.train_queue)
+    state = state._replace(train_queue=queue)
     train_x = keras.tree.pack_sequence_as(x, rows.x)
     train_y = keras.tree.pack_sequence_as(y, rows.y)
     grads, y_pred, values, value = hooks.maybe_train(
