@@ -97,8 +97,18 @@ def add(state, grads, rows, masked_rows):
 
 
 def is_due(state):
-    """Whether the window holds `steps` micro-batches (a bool scalar)."""
-    return ops.greater_equal(state.micro_batches, state.steps)
+    """Whether the window holds `steps` micro-batches and a gradient (a
+    bool scalar).
+
+    A micro-batch brings no gradient when a sample filter ran no training
+    pass on it (its rows were skipped, or wait in the filter's queue). An
+    update from such a window alone would move the weights by the inner
+    optimizer's momentum and weight decay, with nothing learned, once per
+    window: so the window stays open until a pass adds its gradients.
+    """
+    return ops.logical_and(
+        ops.greater_equal(state.micro_batches, state.steps), state.has_grads
+    )
 
 
 def window_mean(state, divisor=1):

@@ -17,9 +17,11 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
     Each call of `apply` (or `stateless_apply` on JAX) adds one
     micro-batch: its gradients to the window's sums, and its counted and
     masked rows to the window's counts. When the window holds `steps`
-    micro-batches, the inner optimizer applies their *mean*, so an update
-    has the scale of one batch however many micro-batches it spans, and
-    the next window's length is `steps_rule(steps, rows, masked_rows)`.
+    micro-batches and a gradient (a micro-batch on which a sample filter
+    ran no training pass brings none), the inner optimizer applies their
+    *mean*, so an update has the scale of one batch however many
+    micro-batches it spans, and the next window's length is
+    `steps_rule(steps, rows, masked_rows)`.
     The decision is a compiled conditional (`keras.ops.cond`): no value is
     read back to the host, and a micro-batch that ends no window runs no
     optimizer arithmetic.
@@ -323,16 +325,12 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         if grads is not None and (micro_batches < steps or has_grads):
             self._torch_accumulate(grads, has_grads)
             grads, has_grads = None, True
-        if micro_batches < steps:
+        # As `accumulation.is_due`: `steps` micro-batches and a gradient.
+        if micro_batches < steps or (grads is None and not has_grads):
             return
         with torch.no_grad():
             sums = self._torch_sums()
-            if grads is not None:
-                grads = _torch_grads(grads, sums)
-            elif has_grads:
-                grads = sums
-            else:
-                grads = [torch.zeros_like(s) for s in sums]
+            grads = sums if grads is None else _torch_grads(grads, sums)
             if micro_batches != 1:
                 grads = torch._foreach_div(grads, micro_batches)
         self.inner_optimizer.apply(grads, trainable_variables)
