@@ -473,6 +473,31 @@ def test_skip_masked_gives_the_plain_update(jit_compile, score_training):
     )
 
 
+@pytest.mark.parametrize("jit_compile", JIT)
+def test_drawn_batches_without_a_training_pass_update_nothing(jit_compile):
+    """Every sample masked: `SkipMasked` runs no training pass, so no
+    window holds a gradient and the optimizer takes no step. An update of
+    zero gradient would still move the weights by AdamW's weight decay."""
+    x, y, _ = two_batches()
+    x = 8.0 * np.eye(NUM_CLASSES, dtype="float32")[y]  # every sample masked
+    model = identity_model()
+    wrapped = kas.ASSpeed(
+        model,
+        max_steps=1,
+        sample_filter=filters.SkipMasked(0.0, warmup_epochs=0),
+    )
+    wrapped.compile(
+        optimizer=keras.optimizers.AdamW(0.1, weight_decay=0.5),
+        loss=kas.ASSoftmaxLoss(0.3),
+        jit_compile=jit_compile,
+    )
+    logs = wrapped.fit(x, y, batch_size=4, epochs=2, verbose=0).history
+    assert logs["trained_fraction"] == [0.0, 0.0]
+    assert logs["masked_ratio"] == [1.0, 1.0]
+    np.testing.assert_array_equal(model.get_weights()[0], np.eye(NUM_CLASSES))
+    assert int(ops.convert_to_numpy(wrapped.optimizer.iterations)) == 0
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="JAX needs no TensorFlow")
 def test_filters_on_jax_fit_arrays_without_tensorflow(monkeypatch):
     """A machine with JAX alone (a GPU image, say) has no TensorFlow: a
