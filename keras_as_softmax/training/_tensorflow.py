@@ -265,8 +265,14 @@ class ASSpeedTrainer:
             self._loss_tracker.update_state(
                 loss * replicas, sample_weight=_batch_size(x)
             )
+        # Under several replicas a filtered step's gradients are zeros
+        # where no training pass ran: they bring no gradient to the window.
         self.optimizer.apply(
-            grads, self.trainable_variables, rows=rows, masked_rows=masked
+            grads,
+            self.trainable_variables,
+            rows=rows,
+            masked_rows=masked,
+            from_pass=trained > 0.5,
         )
         logs = self._step_metrics(
             *metric_args, counts=(masked, rows), trained=trained, scored=scored

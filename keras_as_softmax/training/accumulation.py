@@ -81,14 +81,18 @@ def add_gradients(state, grads):
     return state._replace(grad_sum=grad_sum, has_grads=ops.ones((), "bool"))
 
 
-def add(state, grads, rows, masked_rows):
+def add(state, grads, rows, masked_rows, from_pass=True):
     """Adds one micro-batch: its gradients and its row counts.
 
     `grads=None` adds the counts only, for a trainer that added the
     gradients to the sums already (`add_gradients`), or had none to add.
+    `from_pass` (a bool scalar) false says that `grads` are zeros standing
+    for no training pass: they count as no gradient (`is_due`).
     """
     if grads is not None:
+        had = state.has_grads
         state = add_gradients(state, grads)
+        state = state._replace(has_grads=ops.logical_or(had, from_pass))
     return state._replace(
         micro_batches=state.micro_batches + 1,
         rows=state.rows + ops.cast(rows, "float32"),

@@ -231,7 +231,14 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             accumulation.add_gradients(self._window(), self._pack(grads))
         )
 
-    def apply(self, grads, trainable_variables=None, rows=0.0, masked_rows=0.0):
+    def apply(
+        self,
+        grads,
+        trainable_variables=None,
+        rows=0.0,
+        masked_rows=0.0,
+        from_pass=True,
+    ):
         """Adds one micro-batch and applies the window's mean when due.
 
         Args:
@@ -240,13 +247,18 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             trainable_variables: the variables, as for any optimizer.
             rows: counted rows of the micro-batch (`N_all`), a scalar.
             masked_rows: masked rows among them (`N_masked`), a scalar.
+            from_pass: a bool scalar, false where `grads` are zeros that
+                stand for no training pass (TensorFlow's replicas, which
+                all-reduce gradients whether or not a pass ran).
         """
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
         backend = keras.backend.backend()
         if backend == "tensorflow":
-            self._tf_apply(grads, trainable_variables, rows, masked_rows)
+            self._tf_apply(
+                grads, trainable_variables, rows, masked_rows, from_pass
+            )
         elif backend == "jax":
             # Branches of `jax.lax.cond` cannot assign: run the pure form.
             variables = trainable_variables or self._trainable_variables
@@ -266,8 +278,10 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         else:
             self._common_apply(grads, trainable_variables, rows, masked_rows)
 
-    def _add(self, packed, rows, masked_rows):
-        window = accumulation.add(self._window(), packed, rows, masked_rows)
+    def _add(self, packed, rows, masked_rows, from_pass=True):
+        window = accumulation.add(
+            self._window(), packed, rows, masked_rows, from_pass
+        )
         self._assign_window(window, sums=packed is not None)
 
     def _finish(self, trainable_variables, divisor=1):
@@ -280,8 +294,10 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         # The sums stay as they are, marked stale.
         self._assign_window(fresh, sums=False)
 
-    def _common_apply(self, grads, trainable_variables, rows, masked_rows):
-        self._add(self._pack(grads), rows, masked_rows)
+    def _common_apply(
+        self, grads, trainable_variables, rows, masked_rows, from_pass=True
+    ):
+        self._add(self._pack(grads), rows, masked_rows, from_pass)
         ops.cond(
             accumulation.is_due(self._window()),
             lambda: self._finish(trainable_variables),
@@ -340,7 +356,9 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         )
         self._assign_window(window, sums=False)
 
-    def _tf_apply(self, grads, trainable_variables, rows, masked_rows):
+    def _tf_apply(
+        self, grads, trainable_variables, rows, masked_rows, from_pass
+    ):
         """TensorFlow: under several replicas, every replica adds the
         all-reduced gradients (the window's variables keep the first
         replica's copy), and the window ends in cross-replica context, as
@@ -350,11 +368,13 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         context = tf.distribute.get_replica_context()
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         if context is None or replicas == 1:
-            self._common_apply(grads, trainable_variables, rows, masked_rows)
+            self._common_apply(
+                grads, trainable_variables, rows, masked_rows, from_pass
+            )
             return
         if grads is not None:
             grads = context.all_reduce("sum", self._pack(grads))
-        self._add(grads, rows, masked_rows)
+        self._add(grads, rows, masked_rows, from_pass)
 
         def cross_replica(distribution, due):
             done = distribution.experimental_local_results(due)[0]
