@@ -26,6 +26,8 @@ if _BACKEND == "tensorflow":
     from keras_as_softmax.training._tensorflow import is_multi_worker
     from keras_as_softmax.training._tensorflow import stateless_uniform
 elif _BACKEND == "jax":
+    import jax
+
     from keras_as_softmax.training._jax import ASSpeedTrainer
     from keras_as_softmax.training._jax import stateless_uniform
 elif _BACKEND == "torch":
@@ -898,12 +900,22 @@ class _StepShares(keras.metrics.Metric):
         raise NotImplementedError("ASSpeed calls `update_shares`.")
 
     def result(self):
-        c = self.counts
-        shares = {"masked_ratio": ops.divide_no_nan(c[0], c[1])}
+        c = self.counts.value
+        divide = ops.divide_no_nan
+        if _BACKEND == "jax" and not isinstance(c, jax.core.Tracer):
+            # At an epoch's end, outside the step: one read of the counts,
+            # where a dispatch per slice and division would cost a small
+            # model's epoch what several of its steps do.
+            c = np.asarray(c, "float64")
+
+            def divide(a, b):
+                return np.float32(a / b if b else 0.0)
+
+        shares = {"masked_ratio": divide(c[0], c[1])}
         if self.filters:
-            shares["trained_fraction"] = ops.divide_no_nan(c[2], c[4])
+            shares["trained_fraction"] = divide(c[2], c[4])
         if self.scoring:
-            shares["scored_fraction"] = ops.divide_no_nan(c[3], c[4])
+            shares["scored_fraction"] = divide(c[3], c[4])
         return shares
 
     def get_config(self):
