@@ -8,6 +8,7 @@ dependencies stay out of it and out of its wheel.
 import ast
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -157,3 +158,28 @@ def test_wheel_holds_only_the_core(tmp_path):
         if n.startswith("keras_as_softmax/") and not n.endswith(".py")
     ]
     assert not data, data
+
+
+@pytest.mark.parametrize(
+    "path, limit",
+    [
+        ("README.md", 200),
+        ("benchmarks/RESULTS.md", 200),
+        ("docs/design.md", 150),
+    ],
+)
+def test_documents_stay_within_their_length(path, limit):
+    lines = (ROOT / path).read_text().count("\n")
+    assert lines <= limit, f"{path}: {lines} lines, at most {limit}"
+
+
+def test_library_quotes_no_measured_figure():
+    # Docstrings say what and why; figures go stale and live in RESULTS.md.
+    figure = re.compile(r"\b\d+\.\d+x\b")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted(CORE.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if figure.search(line)
+    ]
+    assert not found, "\n".join(found)
