@@ -294,10 +294,8 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         # The sums stay as they are, marked stale.
         self._assign_window(fresh, sums=False)
 
-    def _common_apply(
-        self, grads, trainable_variables, rows, masked_rows, from_pass=True
-    ):
-        self._add(self._pack(grads), rows, masked_rows, from_pass)
+    def _common_apply(self, grads, trainable_variables, rows, masked_rows):
+        self._add(self._pack(grads), rows, masked_rows)
         ops.cond(
             accumulation.is_due(self._window()),
             lambda: self._finish(trainable_variables),
@@ -368,9 +366,9 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         context = tf.distribute.get_replica_context()
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         if context is None or replicas == 1:
-            self._common_apply(
-                grads, trainable_variables, rows, masked_rows, from_pass
-            )
+            # One device: a filtered step adds its gradients inside the
+            # training pass's branch and passes none here.
+            self._common_apply(grads, trainable_variables, rows, masked_rows)
             return
         if grads is not None:
             grads = context.all_reduce("sum", self._pack(grads))
