@@ -737,7 +737,12 @@ def build_json(store, args, started, command=None, resumed=()):
     )
     return {
         "command": (command or this).strip(),
-        **({"resumed_with": [*resumed, this.strip()]} if command else {}),
+        # A command resumed several times is listed once.
+        **(
+            {"resumed_with": list(dict.fromkeys([*resumed, this.strip()]))}
+            if command
+            else {}
+        ),
         "date": started,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, "
         f"{platform.system()}",
@@ -1241,7 +1246,7 @@ def render_markdown(document, image_prefix=""):
         f"    {document['command']}",
         *(
             f"    {resumed}  # resumed: skips the runs in the JSON"
-            for resumed in document.get("resumed_with", [])
+            for resumed in dict.fromkeys(document.get("resumed_with", []))
         ),
         "",
         "Methods, hyper-parameters, sizes and what each column means: the "

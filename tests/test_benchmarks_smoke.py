@@ -187,6 +187,18 @@ def test_paper_tables_smoke_writes_json_plots_and_markdown(tmp_path):
     assert md.read_text().count(paper_tables.BEGIN) == 1
 
 
+def test_paper_tables_lists_a_repeated_resume_command_once():
+    paper_tables = _load_paper_tables()
+    argv = ["--resume", "--tasks", "multiclass"]
+    args = paper_tables.parse_args(argv)
+    args.argv = argv
+    again = "python benchmarks/paper_tables.py " + " ".join(argv)
+    document = paper_tables.build_json(
+        {}, args, "today", "python benchmarks/paper_tables.py", [again, again]
+    )
+    assert document["resumed_with"] == [again]
+
+
 @pytest.mark.parametrize(
     "val_loss, picked",
     [
