@@ -1246,7 +1246,7 @@ def render_markdown(document, image_prefix=""):
         f"    {document['command']}",
         *(
             f"    {resumed}  # resumed: skips the runs in the JSON"
-            for resumed in dict.fromkeys(document.get("resumed_with", []))
+            for resumed in document.get("resumed_with", [])
         ),
         "",
         "Methods, hyper-parameters, sizes and what each column means: the "
