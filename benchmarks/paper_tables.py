@@ -409,6 +409,13 @@ def parse_args(argv=None):
         choices=tuple(SOURCES),
         help="wordnet (bundled) or tfds (clinc_oos, goemotions, conll2003)",
     )
+    parser.add_argument(
+        "--merge",
+        default=None,
+        metavar="JSON",
+        help="add the runs of another paper_tables.json (a process run beside "
+        "this one with its own --out) that --out's JSON lacks, then render",
+    )
     parser.add_argument("--data-dir", default=None, help="TFDS data_dir")
     parser.add_argument("--preset", default="offline-minilm")
     args = parser.parse_args(argv)
@@ -847,6 +854,56 @@ def run_all(args):
     document = build_json(store, args, started, command, resumed)
     write_json(document, path)
     return document
+
+
+def merge_json(args):
+    """Adds the runs of `args.merge`'s JSON that the --out JSON lacks.
+
+    Two processes on two cores finish a table in half the time; each writes
+    its own JSON, and this puts them back together. A run both hold stays as
+    the --out JSON has it.
+    """
+    path = os.path.join(args.out, JSON_NAME)
+    with open(path) as f:
+        document = json.load(f)
+    with open(args.merge) as f:
+        other = json.load(f)
+    if other.get("smoke") != document.get("smoke"):
+        raise ValueError(
+            f"Expected {args.merge} to have smoke={document.get('smoke')!r} "
+            f"like {path}. Received smoke={other.get('smoke')!r}"
+        )
+    args.smoke = document.get("smoke", False)
+    store = _store_from_json(document)
+    added = []
+    for task_key, runs_by_method in _store_from_json(other).items():
+        mine, theirs = document["tasks"].get(task_key), other["tasks"][task_key]
+        if mine is not None and any(
+            mine[key] != theirs[key] for key in ("config", "source")
+        ):
+            raise ValueError(
+                f"Expected {task_key}'s runs in {args.merge} to use "
+                f"{mine['config']} on {mine['source']}. Received "
+                f"{theirs['config']} on {theirs['source']}"
+            )
+        for name, runs in runs_by_method.items():
+            have = store.setdefault(task_key, {}).setdefault(name, [])
+            seeds = {run["seed"] for run in have}
+            for run in runs:
+                if run["seed"] not in seeds:
+                    have.append(run)
+                    added.append(f"{task_key}/{name}/seed {run['seed']}")
+    print(f"added from {args.merge}: {', '.join(added) or 'nothing'}")
+    resumed = [
+        *document.get("resumed_with", []),
+        other["command"],
+        *other.get("resumed_with", []),
+    ]
+    merged = build_json(
+        store, args, document["date"], document["command"], resumed
+    )
+    write_json(merged, path)
+    return merged
 
 
 # --------------------------------------------------------------- summaries
@@ -1317,6 +1374,8 @@ def main(argv=None):
     if args.render_only:
         with open(os.path.join(args.out, JSON_NAME)) as f:
             document = json.load(f)
+    elif args.merge:
+        document = merge_json(args)
     else:
         document = run_all(args)
     render(document, args)

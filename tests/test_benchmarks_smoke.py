@@ -199,6 +199,73 @@ def test_paper_tables_lists_a_repeated_resume_command_once():
     assert document["resumed_with"] == [again]
 
 
+def _fake_run(paper_tables, seed, test):
+    run = {key: 0.5 for key in paper_tables.RUN_KEYS}
+    run.update(
+        seed=seed,
+        test=test,
+        epochs=8,
+        optimizer_updates=512,
+        peaked_before_last=True,
+        compile_seconds=1.0,
+        curve={"step": [64], "val_loss": [0.9], "val_metric": [0.5]},
+    )
+    return run
+
+
+def test_paper_tables_merge_adds_the_missing_runs_only(tmp_path):
+    paper_tables = _load_paper_tables()
+    argv = ["--tasks", "multiclass"]
+    args = paper_tables.parse_args(argv)
+    args.argv = argv
+
+    def write(folder, store, command):
+        document = paper_tables.build_json(store, args, "today", command)
+        (tmp_path / folder).mkdir()
+        path = str(tmp_path / folder / paper_tables.JSON_NAME)
+        paper_tables.write_json(document, path)
+        return path, document
+
+    ours = {
+        "softmax": [_fake_run(paper_tables, s, 0.7) for s in (0, 1)],
+        "as_softmax": [_fake_run(paper_tables, 0, 0.75)],
+    }
+    theirs = {
+        "softmax": [_fake_run(paper_tables, 1, 0.1)],
+        "as_softmax": [_fake_run(paper_tables, s, 0.8) for s in (2, 1)],
+    }
+    _, before = write("main", {"multiclass": ours}, "first")
+    other_path, _ = write("other", {"multiclass": theirs}, "beside")
+    merge_argv = ["--out", str(tmp_path / "main"), "--merge", other_path]
+    merge_args = paper_tables.parse_args(merge_argv)
+    merge_args.argv = merge_argv
+    merged = paper_tables.merge_json(merge_args)
+    methods = merged["tasks"]["multiclass"]["methods"]
+    # A run both hold keeps --out's values.
+    assert methods["softmax"]["seeds"] == [0, 1]
+    assert methods["softmax"]["test"] == [0.7, 0.7]
+    assert methods["as_softmax"]["seeds"] == [0, 1, 2]
+    assert methods["as_softmax"]["test"] == [0.75, 0.8, 0.8]
+    diffs = methods["as_softmax"]["diff_vs_reference"]["test"]
+    assert diffs[:2] == pytest.approx([0.05, 0.1]) and diffs[2] is None
+    assert merged["command"] == "first" and merged["date"] == before["date"]
+    assert "beside" in merged["resumed_with"]
+    assert "--merge" in merged["resumed_with"][-1]
+    on_disk = json.loads((tmp_path / "main" / "paper_tables.json").read_text())
+    assert on_disk["tasks"]["multiclass"]["methods"]["as_softmax"]["seeds"] == [
+        0,
+        1,
+        2,
+    ]
+
+    # Runs made at another size are refused, not mixed in.
+    document = json.loads(open(other_path).read())
+    document["tasks"]["multiclass"]["config"]["train"] = 128
+    paper_tables.write_json(document, other_path)
+    with pytest.raises(ValueError, match="Expected multiclass's runs"):
+        paper_tables.merge_json(merge_args)
+
+
 @pytest.mark.parametrize(
     "val_loss, picked",
     [
