@@ -50,13 +50,13 @@ python benchmarks/as_speed.py --methods \
     softmax,as_skip_hybrid,as_skip_hybrid/max_steps=1,as_skip_hybrid/anneal_fraction=0.125
 ```
 
-A variant's settings are `lam`, `max_steps` and `revisit`, or any
-argument of the method's filters (`anneal_fraction`, `warmup_epochs`,
-`max_skipped_fraction`, `min_masked_ratio`, `prune`, `score_margin`,
-`score_training` as `true` or `false`, `keep`), for one filter
-alone with the prefix `last_seen.` or `skip_masked.`
-(`as_skip_hybrid/last_seen.anneal_fraction=0.125`); the variant is
-reported under its full name.
+A variant's settings are `lam`, `max_steps`, `revisit` and
+`learning_rate`, or any argument of the method's filters
+(`anneal_fraction`, `warmup_epochs`, `max_skipped_fraction`,
+`min_masked_ratio`, `prune`, `score_margin`, `score_training` as `true`
+or `false`, `keep`), for one filter alone with the prefix `last_seen.`
+or `skip_masked.` (`as_skip_hybrid/last_seen.anneal_fraction=0.125`);
+the variant is reported under its full name.
 """
 
 import argparse
@@ -137,7 +137,7 @@ def parse_args(argv=None):
     return args
 
 
-RUN_SETTINGS = ("lam", "max_steps", "revisit")
+RUN_SETTINGS = ("lam", "max_steps", "revisit", "learning_rate")
 
 
 def parse_method(spec):
@@ -249,7 +249,10 @@ def main(argv=None):
             t = time.perf_counter()
             name, run_settings, filter_options = parse_method(method)
             settings = dict(
-                lam=args.lam, max_steps=args.max_steps, revisit=args.revisit
+                lam=args.lam,
+                max_steps=args.max_steps,
+                revisit=args.revisit,
+                learning_rate=args.learning_rate,
             )
             settings.update(run_settings)
             r = lab.run(
@@ -259,7 +262,6 @@ def main(argv=None):
                 seed=seed,
                 epochs=args.epochs,
                 batch_size=args.batch_size,
-                learning_rate=args.learning_rate,
                 delta=args.delta,
                 warmup_ratio=args.warmup_ratio,
                 filter_options=filter_options,
