@@ -895,9 +895,13 @@ def merge_json(args):
                     added.append(f"{task_key}/{name}/seed {run['seed']}")
     print(f"added from {args.merge}: {', '.join(added) or 'nothing'}")
     resumed = [
-        *document.get("resumed_with", []),
-        other["command"],
-        *other.get("resumed_with", []),
+        command
+        for command in (
+            *document.get("resumed_with", []),
+            other["command"],
+            *other.get("resumed_with", []),
+        )
+        if command != document["command"]
     ]
     merged = build_json(
         store, args, document["date"], document["command"], resumed
@@ -1302,7 +1306,12 @@ def render_markdown(document, image_prefix=""):
         "",
         f"    {document['command']}",
         *(
-            f"    {resumed}  # resumed: skips the runs in the JSON"
+            f"    {resumed}  # "
+            + (
+                "joins in the runs of a JSON made beside this one"
+                if " --merge " in resumed
+                else "resumed: skips the runs in the JSON"
+            )
             for resumed in document.get("resumed_with", [])
         ),
         "",

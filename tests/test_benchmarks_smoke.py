@@ -250,6 +250,7 @@ def test_paper_tables_merge_adds_the_missing_runs_only(tmp_path):
     assert diffs[:2] == pytest.approx([0.05, 0.1]) and diffs[2] is None
     assert merged["command"] == "first" and merged["date"] == before["date"]
     assert "beside" in merged["resumed_with"]
+    assert "first" not in merged["resumed_with"]
     assert "--merge" in merged["resumed_with"][-1]
     on_disk = json.loads((tmp_path / "main" / "paper_tables.json").read_text())
     assert on_disk["tasks"]["multiclass"]["methods"]["as_softmax"]["seeds"] == [
