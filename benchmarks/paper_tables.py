@@ -744,9 +744,15 @@ def build_json(store, args, started, command=None, resumed=()):
     )
     return {
         "command": (command or this).strip(),
-        # A command resumed several times is listed once.
+        # A command resumed several times is listed once, the first never.
         **(
-            {"resumed_with": list(dict.fromkeys([*resumed, this.strip()]))}
+            {
+                "resumed_with": [
+                    line
+                    for line in dict.fromkeys([*resumed, this.strip()])
+                    if line != command.strip()
+                ]
+            }
             if command
             else {}
         ),
@@ -895,13 +901,9 @@ def merge_json(args):
                     added.append(f"{task_key}/{name}/seed {run['seed']}")
     print(f"added from {args.merge}: {', '.join(added) or 'nothing'}")
     resumed = [
-        command
-        for command in (
-            *document.get("resumed_with", []),
-            other["command"],
-            *other.get("resumed_with", []),
-        )
-        if command != document["command"]
+        *document.get("resumed_with", []),
+        other["command"],
+        *other.get("resumed_with", []),
     ]
     merged = build_json(
         store, args, document["date"], document["command"], resumed
