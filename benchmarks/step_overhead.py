@@ -11,6 +11,10 @@ plain Keras step measured beside it. Compilation happens in the warm-up.
 The variants:
 
 * `keras`: a plain `keras.Model` compiled with the same loss.
+* `keras_metrics` (not run by default): the plain model logging two
+  metrics (`MaskedRatio`), as many log entries as `ASSpeed` adds
+  (`masked_ratio`, `accum_steps`): Keras reads each entry of every
+  step's logs on the host, in a thread beside the training loop.
 * `as_speed`: `ASSpeed(model)`, the paper's accumulation (lam 0.5, cap 4).
 * `skip_masked`: `ASSpeed(model, sample_filter=SkipMasked())`.
 * `pair`: `[SkipMaskedLastSeen(n), SkipMasked()]`.
@@ -87,8 +91,13 @@ def make_model(variant, n, args):
             keras.layers.Dense(5),
         ]
     )
+    loss = kas.ASSoftmaxLoss(0.3)
+    metrics = None
+    if variant == "keras_metrics":
+        metrics = [kas.MaskedRatio(loss, name=n) for n in ("first", "second")]
     filters = {
         "keras": lambda: None,
+        "keras_metrics": lambda: None,
         "as_speed": lambda: [],
         "skip_masked": lambda: [kas.filters.SkipMasked()],
         "pair": lambda: [
@@ -101,7 +110,8 @@ def make_model(variant, n, args):
         model = kas.ASSpeed(model, sample_filter=filters or None)
     model.compile(
         optimizer=keras.optimizers.Adam(1e-3),
-        loss=kas.ASSoftmaxLoss(0.3),
+        loss=loss,
+        metrics=metrics,
         jit_compile=True if args.jit_compile == "true" else "auto",
         steps_per_execution=args.steps_per_execution,
     )

@@ -20,11 +20,11 @@ SCRIPT = (
 )
 
 
-def run_quick(script, backend, timeout):
-    """Runs `script --quick` on `backend`; returns its stdout."""
+def run_quick(script, backend, timeout, *args):
+    """Runs `script --quick *args` on `backend`; returns its stdout."""
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
-        [sys.executable, str(script), "--quick"],
+        [sys.executable, str(script), "--quick", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -60,19 +60,23 @@ def test_step_overhead_quick_prints_every_variant():
     backend = keras.backend.backend()
     if backend not in ("tensorflow", "jax"):
         pytest.skip(f"ASSpeed trains on tensorflow or jax, not {backend}")
-    out = run_quick(STEP_OVERHEAD, backend, timeout=300)
+    variants = (
+        "keras",
+        "keras_metrics",
+        "as_speed",
+        "skip_masked",
+        "pair",
+        "selective_backprop",
+    )
+    out = run_quick(
+        STEP_OVERHEAD, backend, 300, "--variants", ",".join(variants)
+    )
     rows = {}
     for line in out.splitlines():
         words = line.split()
-        if words and words[0] in (
-            "keras",
-            "as_speed",
-            "skip_masked",
-            "pair",
-            "selective_backprop",
-        ):
+        if words and words[0] in variants:
             rows[words[0]] = words[1:]
-    assert len(rows) == 5, out
+    assert len(rows) == len(variants), out
     assert rows["keras"][1] == "1.00x", out
     for ms, ratio, *_ in rows.values():
         assert math.isfinite(float(ms)) and float(ms) > 0, out
