@@ -14,7 +14,8 @@ The variants:
 * `keras_metrics` (not run by default): the plain model logging two
   metrics (`MaskedRatio`), as many log entries as `ASSpeed` adds
   (`masked_ratio`, `accum_steps`): Keras reads each entry of every
-  step's logs on the host, in a thread beside the training loop.
+  step's logs on the host (on JAX and PyTorch in a thread beside the
+  training loop, on TensorFlow in it).
 * `as_speed`: `ASSpeed(model)`, the paper's accumulation (lam 0.5, cap 4).
 * `skip_masked`: `ASSpeed(model, sample_filter=SkipMasked())`.
 * `pair`: `[SkipMaskedLastSeen(n), SkipMasked()]`.
@@ -94,7 +95,7 @@ def make_model(variant, n, args):
     loss = kas.ASSoftmaxLoss(0.3)
     metrics = None
     if variant == "keras_metrics":
-        metrics = [kas.MaskedRatio(loss, name=n) for n in ("first", "second")]
+        metrics = [kas.MaskedRatio(loss, name=m) for m in ("first", "second")]
     filters = {
         "keras": lambda: None,
         "keras_metrics": lambda: None,
