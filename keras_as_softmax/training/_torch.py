@@ -72,6 +72,28 @@ def check_not_distributed():
         )
 
 
+def add_to(variable, values):
+    """Adds `values` (scalar tensors or Python numbers) to the vector
+    `variable` in place, with one stack: `keras.ops` would convert and
+    check each value, and `assign_add` the sum, at several times the cost
+    of the arithmetic in an eager step."""
+    total = variable.value
+    total.add_(
+        torch.stack(
+            [
+                torch.as_tensor(v, dtype=total.dtype, device=total.device)
+                for v in values
+            ]
+        )
+    )
+
+
+def divide_counts(numerator, denominator):
+    """`numerator / denominator` of whole counts, 0 where the denominator
+    is 0 (as `divide_no_nan`, in two tensor operations)."""
+    return numerator / torch.clamp(denominator, min=1.0)
+
+
 def _batch_size(x):
     return next(t for t in keras.tree.flatten(x) if t is not None).shape[0]
 
@@ -121,8 +143,8 @@ def _counts(model, recorded, y, y_pred, sample_weight):
         model.loss, y_true, ops.cast(values, "float32"), sample_weight
     )
     return (
-        ops.sum(ops.cast(masked, "float32")),
-        ops.sum(ops.cast(counted, "float32")),
+        torch.sum(masked, dtype=torch.float32),
+        torch.sum(counted, dtype=torch.float32),
     )
 
 

@@ -31,6 +31,7 @@ elif _BACKEND == "jax":
     from keras_as_softmax.training._jax import ASSpeedTrainer
     from keras_as_softmax.training._jax import stateless_uniform
 elif _BACKEND == "torch":
+    from keras_as_softmax.training import _torch
     from keras_as_softmax.training._torch import ASSpeedTrainer
     from keras_as_softmax.training._torch import check_not_distributed
     from keras_as_softmax.training._torch import stateless_uniform
@@ -893,6 +894,10 @@ class _StepShares(keras.metrics.Metric):
             0.0 if scored is None else scored,
             0.0 if trained is None else 1.0,
         )
+        if _BACKEND == "torch":
+            # Eager steps: one stack and an in-place addition.
+            _torch.add_to(self.counts, values)
+            return
         values = [ops.cast(v, self.dtype) for v in values]
         self.counts.assign_add(ops.stack(values))
 
@@ -910,6 +915,9 @@ class _StepShares(keras.metrics.Metric):
 
             def divide(a, b):
                 return np.float32(a / b if b else 0.0)
+
+        elif _BACKEND == "torch":
+            divide = _torch.divide_counts
 
         shares = {"masked_ratio": divide(c[0], c[1])}
         if self.filters:
