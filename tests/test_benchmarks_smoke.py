@@ -340,3 +340,57 @@ def test_gpu_check_quick_trains_without_tensorflow():
     for name in ("as_speed", "skip_masked", "pair"):
         verdict = re.search(rf"^{name} / softmax step: (\S+)x", out, re.M)
         assert verdict and math.isfinite(float(verdict[1])), out
+
+
+POOL_SEEDS = SCRIPT.parent / "pool_seeds.py"
+
+
+def pool_seeds(*args):
+    return subprocess.run(
+        [sys.executable, str(POOL_SEEDS), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_pool_seeds_pairs_seeds_across_outputs_and_refuses_conflicts(tmp_path):
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("plain Python: one backend is enough")
+    first, second, other = (tmp_path / f"{n}.txt" for n in "abc")
+    first.write_text(
+        "seed 0 softmax    val  70.00 test  72.00   80.0s/epoch\n"
+        "seed 0 as_softmax val  69.00 test  71.00   80.0s/epoch\n"
+        "seed 1 softmax    val  74.00 test  76.00   80.0s/epoch\n"
+    )
+    # Seed 1 of softmax again, as a second file repeats it: the same values.
+    second.write_text(
+        "seed 1 softmax    val  74.00 test  76.00   81.0s/epoch\n"
+        "seed 1 as_softmax val  75.00 test  74.00   80.0s/epoch\n"
+        "seed 2 as_softmax val  60.00 test  60.00   80.0s/epoch\n"
+    )
+    result = pool_seeds(first, second)
+    assert result.returncode == 0, result.stderr
+    lines = [line.split() for line in result.stdout.splitlines() if line]
+    rows = {words[0]: words for words in lines}
+    assert rows["softmax"][1:] == [
+        "0,1",
+        "74.00",
+        "±",
+        "2.83",
+        "72.00",
+        "±",
+        "2.83",
+    ]
+    # as_softmax: three seeds pooled, the paired difference on seeds 0 and 1:
+    # test -1 and -2 (mean -1.5), validation -1 and +1 (one lower, one higher).
+    as_softmax = rows["as_softmax"]
+    assert as_softmax[1:3] == ["0,1,2", "68.33"] and as_softmax[8] == "0,1"
+    assert as_softmax[9] == "-1.50" and as_softmax[12] == "2/0"
+    assert as_softmax[13] == "+0.00" and as_softmax[16] == "1/1"
+    other.write_text("seed 0 softmax    val  70.00 test  73.00   80.0s/epoch\n")
+    result = pool_seeds(first, other)
+    assert result.returncode != 0
+    assert (
+        "seed 0 of softmax" in result.stderr and "(70.0, 73.0)" in result.stderr
+    )

@@ -1,0 +1,148 @@
+"""Pools the per-seed accuracies of several `as_speed.py` outputs.
+
+`as_speed.py` prints one line per seed and method (`seed 3 softmax val
+74.67 test 76.67 ...`). Runs of different seeds, made one after the other
+or side by side on two cores, land in different files; this script reads
+them all and prints, per method, the mean ± std of test and validation
+accuracy over every seed it found, then, on the seeds a method shares with
+the baseline, the mean per-seed difference, its 95% t-interval and how
+many seeds ended lower and higher. A run of the same seed and method that
+appears twice must agree exactly (eager PyTorch and XLA on one CPU are
+deterministic per seed); otherwise the script stops, so that outputs of
+code that trains differently are not pooled by mistake.
+
+Usage:
+
+```
+cd benchmarks/results
+python ../pool_seeds.py as_speed_as_softmax_torch.txt \
+    as_speed_more_seeds_torch.txt
+python ../pool_seeds.py FILE... --baseline softmax --methods as_softmax
+```
+
+Only accuracies are pooled: a speed-up is a ratio of times measured side
+by side in one run, which each output reports itself.
+"""
+
+import argparse
+import math
+import re
+import statistics
+import sys
+
+LINE = re.compile(
+    r"^seed (?P<seed>\d+) (?P<method>\S+)\s+val\s+(?P<val>[\d.]+) "
+    r"test\s+(?P<test>[\d.]+)"
+)
+# Two-sided 95% quantiles of Student's t, by degrees of freedom.
+T_975 = {
+    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365,
+    8: 2.306, 9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160,
+    14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+    20: 2.086,
+}  # fmt: skip
+
+
+def read_runs(paths):
+    """Returns {method: {seed: (val, test)}} from `as_speed.py` outputs."""
+    runs, origin = {}, {}
+    for path in paths:
+        with open(path, encoding="utf-8") as file:
+            for line in file:
+                match = LINE.match(line)
+                if not match:
+                    continue
+                key = (match["method"], int(match["seed"]))
+                value = (float(match["val"]), float(match["test"]))
+                known = runs.setdefault(key[0], {}).get(key[1])
+                if known is not None and known != value:
+                    sys.exit(
+                        f"seed {key[1]} of {key[0]}: {origin[key]} has "
+                        f"val/test {known}, {path} has {value}; pooling "
+                        "needs one result per seed and method"
+                    )
+                runs[key[0]][key[1]] = value
+                origin.setdefault(key, path)
+    if not runs:
+        sys.exit(f"no `seed N method val X test Y` lines in {', '.join(paths)}")
+    return runs
+
+
+def mean_std(values):
+    if len(values) < 2:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def paired(differences):
+    """Mean difference, its 95% t-interval, and seeds lower / higher."""
+    n = len(differences)
+    mean = statistics.mean(differences)
+    lower = sum(d < 0 for d in differences)
+    higher = sum(d > 0 for d in differences)
+    if n < 2:
+        return f"{mean:+.2f}", f"{lower}/{higher}"
+    half = T_975[min(n - 1, max(T_975))] * statistics.stdev(differences)
+    half /= math.sqrt(n)
+    return (
+        f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}]",
+        f"{lower}/{higher}",
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("outputs", nargs="+", help="as_speed.py outputs")
+    parser.add_argument("--baseline", default="softmax")
+    parser.add_argument(
+        "--methods", default=None, help="comma-separated; default: all found"
+    )
+    args = parser.parse_args(argv)
+    runs = read_runs(args.outputs)
+    if args.baseline not in runs:
+        sys.exit(f"no {args.baseline!r} runs; found {', '.join(sorted(runs))}")
+    methods = args.methods.split(",") if args.methods else sorted(runs)
+    missing = [m for m in methods if m not in runs]
+    if missing:
+        sys.exit(
+            f"no runs of {', '.join(missing)}; found {', '.join(sorted(runs))}"
+        )
+    base = runs[args.baseline]
+    table = [
+        [
+            "method", "seeds", "test", "validation", "paired seeds",
+            f"test - {args.baseline} [95%]", "lower/higher",
+            f"validation - {args.baseline} [95%]", "lower/higher",
+        ]
+    ]  # fmt: skip
+    for method in [args.baseline] + [m for m in methods if m != args.baseline]:
+        seeds = sorted(runs[method])
+        val = [runs[method][s][0] for s in seeds]
+        test = [runs[method][s][1] for s in seeds]
+        row = [method, ",".join(map(str, seeds)), mean_std(test), mean_std(val)]
+        shared = [s for s in seeds if s in base]
+        if method != args.baseline and shared:
+            row.append(",".join(map(str, shared)))
+            row.extend(
+                paired([runs[method][s][1] - base[s][1] for s in shared])
+            )
+            row.extend(
+                paired([runs[method][s][0] - base[s][0] for s in shared])
+            )
+        table.append(row)
+    widths = [
+        max(len(row[i]) for row in table if i < len(row)) for i in range(9)
+    ]
+    for row in table:
+        cells = [row[0].ljust(widths[0])]
+        cells += [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]
+        print("  ".join(cells).rstrip())
+    print(
+        f"\nmean ± std over seeds; differences per seed against "
+        f"{args.baseline} (same seed, same data order), their mean with a 95% "
+        "t-interval; lower/higher: seeds below / above it."
+    )
+
+
+if __name__ == "__main__":
+    main()
