@@ -43,8 +43,12 @@ T_975 = {
 }  # fmt: skip
 
 
-def read_runs(paths):
-    """Returns {method: {seed: (val, test)}} from `as_speed.py` outputs."""
+def read_runs(paths, tags, baseline):
+    """Returns {method: {seed: (val, test)}} from `as_speed.py` outputs.
+
+    `tags` maps an output's path to a name appended to its methods (the
+    baseline's excepted), for a setting that the names do not show.
+    """
     runs, origin = {}, {}
     for path in paths:
         with open(path, encoding="utf-8") as file:
@@ -52,7 +56,10 @@ def read_runs(paths):
                 match = LINE.match(line)
                 if not match:
                     continue
-                key = (match["method"], int(match["seed"]))
+                method = match["method"]
+                if path in tags and method != baseline:
+                    method += f" [{tags[path]}]"
+                key = (method, int(match["seed"]))
                 value = (float(match["val"]), float(match["test"]))
                 known = runs.setdefault(key[0], {}).get(key[1])
                 if known is not None and known != value:
@@ -95,10 +102,24 @@ def main(argv=None):
     parser.add_argument("outputs", nargs="+", help="as_speed.py outputs")
     parser.add_argument("--baseline", default="softmax")
     parser.add_argument(
+        "--tag",
+        action="append",
+        default=[],
+        metavar="OUTPUT=NAME",
+        help="report that output's methods as `method [NAME]`: runs made "
+        "with a setting their names do not show (`--warmup-ratio`)",
+    )
+    parser.add_argument(
         "--methods", default=None, help="comma-separated; default: all found"
     )
     args = parser.parse_args(argv)
-    runs = read_runs(args.outputs)
+    tags = dict(tag.split("=", 1) for tag in args.tag)
+    unknown = set(tags) - set(args.outputs)
+    if unknown:
+        sys.exit(
+            f"--tag names {', '.join(sorted(unknown))}, not an output given"
+        )
+    runs = read_runs(args.outputs, tags, args.baseline)
     if args.baseline not in runs:
         sys.exit(f"no {args.baseline!r} runs; found {', '.join(sorted(runs))}")
     methods = args.methods.split(",") if args.methods else sorted(runs)

@@ -388,6 +388,12 @@ def test_pool_seeds_pairs_seeds_across_outputs_and_refuses_conflicts(tmp_path):
     assert as_softmax[1:3] == ["0,1,2", "68.33"] and as_softmax[8] == "0,1"
     assert as_softmax[9] == "-1.50" and as_softmax[12] == "2/0"
     assert as_softmax[13] == "+0.00" and as_softmax[16] == "1/1"
+    # A tag names the methods of one output apart (softmax's runs excepted).
+    result = pool_seeds(first, second, "--tag", f"{second}=warm-up")
+    assert result.returncode == 0, result.stderr
+    # The method column ends at its first two spaces.
+    names = [line.split("  ")[0] for line in result.stdout.splitlines()]
+    assert {"softmax", "as_softmax", "as_softmax [warm-up]"} <= set(names)
     other.write_text("seed 0 softmax    val  70.00 test  73.00   80.0s/epoch\n")
     result = pool_seeds(first, other)
     assert result.returncode != 0
