@@ -7,9 +7,10 @@ them all and prints, per method, the mean ± std of test and validation
 accuracy over every seed it found, then, on the seeds a method shares with
 the baseline, the mean per-seed difference, its 95% t-interval and how
 many seeds ended lower and higher. A run of the same seed and method that
-appears twice must agree exactly (eager PyTorch and XLA on one CPU are
-deterministic per seed); otherwise the script stops, so that outputs of
-code that trains differently are not pooled by mistake.
+appears twice must agree exactly (a seed's run repeats exactly on one CPU,
+as `results/as_speed_hybrid_lr_torch.txt` shows on PyTorch); otherwise the
+script stops, so that outputs of code that trains differently are not
+pooled by mistake.
 
 Usage:
 

@@ -387,6 +387,8 @@ def test_pool_seeds_pairs_seeds_across_outputs_and_refuses_conflicts(tmp_path):
     as_softmax = rows["as_softmax"]
     assert as_softmax[1:3] == ["0,1,2", "68.33"] and as_softmax[8] == "0,1"
     assert as_softmax[9] == "-1.50" and as_softmax[12] == "2/0"
+    # Half-width t(0.975, 1 df) * std / sqrt(2) = 12.706 * 0.7071 / 1.4142.
+    assert as_softmax[10:12] == ["[-7.85,", "+4.85]"]
     assert as_softmax[13] == "+0.00" and as_softmax[16] == "1/1"
     # A tag names the methods of one output apart (softmax's runs excepted).
     result = pool_seeds(first, second, "--tag", f"{second}=warm-up")
