@@ -31,6 +31,9 @@ import re
 import statistics
 import sys
 
+# Plain Python on purpose: as_softmax_lab.report formats tables alike, but
+# importing the lab loads Keras and TensorFlow (20 s) for a text script.
+
 LINE = re.compile(
     r"^seed (?P<seed>\d+) (?P<method>\S+)\s+val\s+(?P<val>[\d.]+) "
     r"test\s+(?P<test>[\d.]+)"
@@ -153,7 +156,8 @@ def main(argv=None):
             )
         table.append(row)
     widths = [
-        max(len(row[i]) for row in table if i < len(row)) for i in range(9)
+        max(len(row[i]) for row in table if i < len(row))
+        for i in range(len(table[0]))
     ]
     for row in table:
         cells = [row[0].ljust(widths[0])]
