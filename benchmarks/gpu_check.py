@@ -32,17 +32,23 @@ epoch. Then the verdicts on the two claims this checks:
 
 On JAX and PyTorch, TensorFlow is hidden from this process, as on a GPU
 image without it. On PyTorch, `--jit-compile auto` (Keras's default there)
-runs the steps eagerly; `true` uses `torch.compile`. `--variants` times
-a subset (softmax always). `--quick` runs a 2-layer backbone of hidden
-size 32 on 512 sentences of 16 tokens, a smoke test on the CPU. It
-prints its table; `benchmarks/README.md` says where a run's output is
-kept.
+runs the steps eagerly; `true` uses `torch.compile`. `--variants` times a
+subset (softmax always). `--trace DIR` (JAX) then profiles `--trace-steps`
+more steps of each variant with `jax.profiler`, one Perfetto trace per
+variant under `DIR/<shape>/<variant>/`, for `lab/trace_summary.py` to read
+where a step's time goes on the device (on a GPU, with
+`XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true`: XLA
+otherwise runs its CUDA graphs kernel by kernel while it profiles).
+`--quick` runs a 2-layer backbone of hidden size 32 on 512 sentences of
+16 tokens, a smoke test on the CPU. It prints its table;
+`benchmarks/README.md` says where a run's output is kept.
 
 Usage:
 
 ```
 python benchmarks/gpu_check.py
 KERAS_BACKEND=jax python benchmarks/gpu_check.py --shape minilm
+KERAS_BACKEND=jax python benchmarks/gpu_check.py --shape minilm --trace t
 KERAS_BACKEND=torch python benchmarks/gpu_check.py --jit-compile auto
 python benchmarks/gpu_check.py --quick
 ```
@@ -116,7 +122,15 @@ def parse_args(argv=None):
         default="true",
         help="`auto`: Keras's default (eager on PyTorch)",
     )
+    parser.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="JAX: profile more steps of each variant into DIR",
+    )
+    parser.add_argument("--trace-steps", type=int, default=8)
     args = parser.parse_args(argv)
+    if args.trace and keras.backend.backend() != "jax":
+        parser.error("--trace: JAX only (KERAS_BACKEND=jax)")
     args.variants = args.variants.split(",")
     if "softmax" not in args.variants or set(args.variants) - set(VARIANTS):
         parser.error(f"--variants: softmax and any of {', '.join(VARIANTS)}")
@@ -260,18 +274,50 @@ def print_verdicts(seconds, logs):
         )
 
 
+def trace_steps(models, data, directory, args):
+    """Profiles `args.trace_steps` steps of one more epoch of each model
+    into `directory/<variant>/`, with the Python tracer off (its events
+    would outnumber the device's)."""
+    import jax
+
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    epoch = args.warmup + args.rounds  # each model's next epoch
+    for variant, model in models.items():
+        x, y = data[variant]
+        with jax.profiler.trace(
+            os.path.join(directory, variant),
+            create_perfetto_trace=True,
+            profiler_options=options,
+        ):
+            # `fit` returns once it has read the logs: every step has run.
+            model.fit(
+                x,
+                y,
+                batch_size=args.batch_size,
+                initial_epoch=epoch,
+                epochs=epoch + 1,
+                steps_per_epoch=args.trace_steps,
+                verbose=0,
+            )
+    print(f"traces: {directory}/<variant>/plugins/profile/*/")
+
+
 def check_shape(name, shape, args):
     x, y = make_data(shape["vocabulary_size"], args)
-    fits = {}
+    fits, models, data = {}, {}, {}
     for variant in args.variants:
         model = make_variant(variant, shape, args)
         inputs = kas.filters.with_sample_ids(x) if variant == "pair" else x
         fits[variant] = epoch_fit(model, inputs, y, args.batch_size)
+        models[variant], data[variant] = model, (inputs, y)
     seconds, logs = time_epochs(fits, args.warmup, args.rounds)
     print(f"\n== {name}: " + ", ".join(f"{k} {v}" for k, v in shape.items()))
     steps = math.ceil(args.samples / args.batch_size)
     print_table(seconds, logs, steps, reference="softmax")
     print_verdicts(seconds, logs)
+    if args.trace:
+        trace_steps(models, data, os.path.join(args.trace, name), args)
 
 
 def main(argv=None):

@@ -3,7 +3,13 @@
 # its own time limit so that one slow part leaves the rest their turn.
 # Runs from the repository root on a machine whose image has JAX and
 # PyTorch with CUDA but no Keras: wheels for keras, keras-hub, namex and
-# optree (Python 3.12) wait in .whl/. Outputs go to $OUT (or results/gpu).
+# optree (Python 3.12) wait in .whl/, fetched here beforehand with
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       -d .whl keras==3.15.1 keras-hub==0.32.0 namex optree
+# (.whl/ is untracked, so the device tool carries it). Outputs go to $OUT
+# (or results/gpu); the profiles of the second check and their summary too
+# (XLA runs its command buffers as plain thunks while a profiler session
+# is active, unless told otherwise).
 set -u
 OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
@@ -21,7 +27,18 @@ run() {  # run NAME SECONDS BACKEND ARGS...
     echo "== $name: exit ${PIPESTATUS[0]}, $((SECONDS - start)) s"
 }
 run gpu_check_jax 180 jax benchmarks/gpu_check.py --shape minilm
-run gpu_check_torch 130 torch benchmarks/gpu_check.py --shape minilm --jit-compile auto
+# Profiles, with XLA's default command buffers and with conditionals kept
+# on the device (CUDA conditional nodes; CUDA 12.3 or later).
+profile="--xla_enable_command_buffers_during_profiling=true"
+XLA_FLAGS=$profile run gpu_trace_jax 120 jax benchmarks/gpu_check.py \
+    --shape minilm --variants softmax,skip_masked --rounds 2 \
+    --trace "$OUT/traces/default"
+XLA_FLAGS="$profile --xla_gpu_enable_command_buffer=+CONDITIONAL" \
+    run gpu_trace_jax_conditional 120 jax benchmarks/gpu_check.py \
+    --shape minilm --variants softmax,skip_masked --rounds 2 \
+    --trace "$OUT/traces/conditional"
+python3 lab/trace_summary.py "$OUT/traces" --top 12 > "$OUT/trace_summary.txt" 2>&1
+run gpu_check_jax_bert_base 200 jax benchmarks/gpu_check.py --shape bert_base \
+    --variants softmax,as_speed,skip_masked
 run step_overhead_jax 50 jax benchmarks/step_overhead.py --rounds 7
-run step_overhead_torch 70 torch benchmarks/step_overhead.py --jit-compile auto --rounds 7
-run torch_kept_rows 50 torch lab/torch_kept_rows.py --hidden 1024 --rounds 5
+run gpu_check_torch 130 torch benchmarks/gpu_check.py --shape minilm --jit-compile auto

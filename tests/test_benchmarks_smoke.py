@@ -307,14 +307,19 @@ def test_paper_tables_tfds_source_on_mock_data():
 GPU_CHECK = SCRIPT.parent / "gpu_check.py"
 
 
+TRACE_SUMMARY = SCRIPT.parent.parent / "lab" / "trace_summary.py"
+
+
 @pytest.mark.slow
-def test_gpu_check_quick_trains_without_tensorflow():
+def test_gpu_check_quick_trains_without_tensorflow(tmp_path):
     """`gpu_check.py --quick` on JAX, with TensorFlow hidden as on a GPU
     image with JAX alone: every variant trains, the filters skip samples,
-    and the table and the verdicts print finite numbers."""
+    and the table and the verdicts print finite numbers. `--trace` leaves
+    a profile of each variant that `lab/trace_summary.py` reads."""
     if keras.backend.backend() != "tensorflow":
         pytest.skip("one run is enough: the script runs on JAX itself")
-    out = run_quick(GPU_CHECK, "jax", timeout=300)
+    traces = tmp_path / "traces"
+    out = run_quick(GPU_CHECK, "jax", 300, "--trace", str(traces))
     assert "FAILED" not in out, out
     assert "runs without TensorFlow" in out, out
     variants = ("softmax", "as_softmax", "as_speed", "skip_masked", "pair")
@@ -340,6 +345,17 @@ def test_gpu_check_quick_trains_without_tensorflow():
     for name in ("as_speed", "skip_masked", "pair"):
         verdict = re.search(rf"^{name} / softmax step: (\S+)x", out, re.M)
         assert verdict and math.isfinite(float(verdict[1])), out
+    summary = subprocess.run(
+        [sys.executable, str(TRACE_SUMMARY), str(traces), "--tracks", "99"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for name in variants:
+        section = summary.split(f"== tiny/{name}\n")[1].split("\n== ")[0]
+        # The 8 traced steps ran: their dispatches are on the host's track.
+        calls = re.search(r"(\d+)x  PjitFunction\(train_step\)", section)
+        assert calls and int(calls[1]) >= 8, summary
 
 
 POOL_SEEDS = SCRIPT.parent / "pool_seeds.py"
