@@ -27,16 +27,17 @@ run() {  # run NAME SECONDS BACKEND ARGS...
     echo "== $name: exit ${PIPESTATUS[0]}, $((SECONDS - start)) s"
 }
 run gpu_check_jax 180 jax benchmarks/gpu_check.py --shape minilm
-# Profiles, with XLA's default command buffers and with conditionals kept
-# on the device (CUDA conditional nodes; CUDA 12.3 or later).
+# Profiles: XLA's default (one CUDA graph a step, its conditionals decided
+# on the device; `lab/gpu_program.py`) and conditionals between graphs,
+# their predicates read on the host.
 profile="--xla_enable_command_buffers_during_profiling=true"
 XLA_FLAGS=$profile run gpu_trace_jax 120 jax benchmarks/gpu_check.py \
     --shape minilm --variants softmax,skip_masked --rounds 2 \
     --trace "$OUT/traces/default"
-XLA_FLAGS="$profile --xla_gpu_enable_command_buffer=+CONDITIONAL" \
-    run gpu_trace_jax_conditional 120 jax benchmarks/gpu_check.py \
+XLA_FLAGS="$profile --xla_gpu_enable_command_buffer=-CONDITIONAL" \
+    run gpu_trace_jax_host_conditionals 120 jax benchmarks/gpu_check.py \
     --shape minilm --variants softmax,skip_masked --rounds 2 \
-    --trace "$OUT/traces/conditional"
+    --trace "$OUT/traces/host_conditionals"
 python3 lab/trace_summary.py "$OUT/traces" --top 12 > "$OUT/trace_summary.txt" 2>&1
 run gpu_check_jax_bert_base 200 jax benchmarks/gpu_check.py --shape bert_base \
     --variants softmax,as_speed,skip_masked

@@ -4,6 +4,7 @@ Only checks that the script works (tiny shapes, 2 rounds); it asserts
 nothing about the times it prints.
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -91,13 +92,16 @@ PAPER_TABLES = SCRIPT.parent / "paper_tables.py"
 SMOKE_TASKS = "multiclass_scratch,multilabel_scratch,token_scratch,token"
 
 
-def _load_paper_tables():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("paper_tables", PAPER_TABLES)
+def _load_script(path):
+    """A script as a module, without running its `main`."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load_paper_tables():
+    return _load_script(PAPER_TABLES)
 
 
 def _check_task_block(task_key, block, rows):
@@ -308,6 +312,7 @@ GPU_CHECK = SCRIPT.parent / "gpu_check.py"
 
 
 TRACE_SUMMARY = SCRIPT.parent.parent / "lab" / "trace_summary.py"
+GPU_PROGRAM = SCRIPT.parent.parent / "lab" / "gpu_program.py"
 
 
 @pytest.mark.slow
@@ -418,3 +423,57 @@ def test_pool_seeds_pairs_seeds_across_outputs_and_refuses_conflicts(tmp_path):
     assert (
         "seed 0 of softmax" in result.stderr and "(70.0, 73.0)" in result.stderr
     )
+
+
+# XLA's thunk sequences as its GPU compiler dumps them (abridged): a
+# conditional held in a CUDA graph, and one between graphs.
+IN_GRAPH = """\
+000: kCommandBuffer [source | sink]
+    001: kCopy         [source       | next=194 (1)] kCopy
+    194: kConditional  [prev=001 (1) | next=195 (1)]
+      false_branch:
+        005: kCustomKernel [source | next=006 (1)] loop_xor_fusion
+        006: kCustomKernel [prev=005 (1) | sink] gemm_fusion_dot
+      true_branch:
+        192: kCopy         [source | sink] kCopy
+    195: kCustomKernel [prev=194 (1) | sink] input_reduce_fusion
+"""
+BETWEEN_GRAPHS = """\
+001: kCopy          [source       | next=194 (1)] kCopy
+194: kConditional   [prev=001 (1) | next=000 (1)]
+  false_branch:
+    000: kCommandBuffer [source | sink]
+        005: kCustomKernel [source | next=006 (1)] loop_xor_fusion
+        006: kCustomKernel [prev=005 (1) | sink] gemm_fusion_dot
+  true_branch:
+    192: kCopy [source | sink] kCopy
+000: kCommandBuffer [prev=194 (1) | sink]
+    195: kCustomKernel [prev=194 (1) | sink] input_reduce_fusion
+"""
+
+
+@pytest.mark.parametrize(
+    "text, top, in_graph",
+    [
+        (IN_GRAPH, {"kCommandBuffer": 1}, True),
+        (
+            BETWEEN_GRAPHS,
+            {"kCommandBuffer": 1, "kConditional": 1, "kCopy": 1},
+            False,
+        ),
+    ],
+)
+def test_gpu_program_reads_where_a_conditional_sits(
+    tmp_path, text, top, in_graph
+):
+    """`lab/gpu_program.py` tells a conditional that a CUDA graph holds
+    from one between graphs, and counts each branch's thunks."""
+    path = tmp_path / "thunk_sequence_after_thunk_passes.txt"
+    path.write_text(text)
+    program = _load_script(GPU_PROGRAM).read_program(path)
+    found_top, unconditional, conditionals = program
+    assert dict(found_top) == top
+    assert unconditional == 2  # the copy before, the reduction after
+    assert len(conditionals) == 1
+    assert conditionals[0]["in_graph"] is in_graph
+    assert [b["thunks"] for b in conditionals[0]["branches"]] == [2, 1]

@@ -1,0 +1,220 @@
+"""Investigation (issue 30): what XLA makes of a training step for an
+NVIDIA GPU, compiled on a machine without one.
+
+On a GPU, XLA runs a compiled step as CUDA graphs (command buffers). A
+conditional inside a graph is a CUDA conditional node, decided on the
+device; one between graphs ends the graph before it, and XLA copies its
+predicate to the host and waits for the device before it launches a
+branch (`ConditionalThunk`). Which of the two a step gets depends on the
+jaxlib (its default `--xla_gpu_enable_command_buffer`) and on whether
+every operation in the branches can go into a graph. This script builds
+`benchmarks/gpu_check.py`'s variants (a random keras-hub `BertBackbone`,
+batch 32, sequence 128), trains one step of each on the CPU so that its
+optimizer and filters hold their state, compiles its `train_step` for an
+H100 ahead of time (JAX's CUDA plugin with a GPU description, no device
+and no driver), and reads XLA's thunk sequence from the dump: the graphs
+a step launches, the thunks between them, and where each conditional sits.
+
+Needs the CUDA plugin (`pip install "jax[cuda12]"`, Python 3.11 or later).
+`XLA_FLAGS` given to the script are passed on (the dump's own flag is
+added); the compile is for the jaxlib installed.
+
+    python lab/gpu_program.py --shape minilm
+    XLA_FLAGS=--xla_gpu_enable_command_buffer=-CONDITIONAL \\
+        python lab/gpu_program.py --variants skip_masked
+"""
+
+import argparse
+import collections
+import os
+import pathlib
+import re
+import sys
+import tempfile
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+# An H100 SXM as XLA describes a GPU it compiles for (NVIDIA's published
+# figures: compute capability 9.0, 132 SMs, 80 GB HBM3 at 3.35 TB/s, 50 MB
+# of L2), with the CUDA driver and runtime the H200 of RESULTS.md's GPU
+# rows had: the same chip with more and faster memory, which changes no
+# decision this script reads. XLA keeps conditionals in graphs only from
+# CUDA 12.3 on.
+H100 = """
+gpu_device_info {
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_block_optin: 232448
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  thread_dim_limit_x: 1024
+  thread_dim_limit_y: 1024
+  thread_dim_limit_z: 64
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+  memory_bandwidth: 3352320000000
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: 84942979072
+  cuda_compute_capability { major: 9 }
+  device_vendor: "NVIDIA Corporation"
+  name: "NVIDIA H100 80GB HBM3"
+  driver_version: "13.0.0"
+  runtime_version: "12.9.0"
+  compile_time_toolkit_version: "12.9.0"
+}
+platform_name: "CUDA"
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+THUNK = re.compile(r"^( *)\d+: (k\w+)")
+BRANCH = re.compile(r"^( *)(\w+_branch|branch_\d+):")
+
+
+def compile_for_gpu(model, batch, dump):
+    """Compiles `model.train_step` (with its state donated, as Keras's
+    `fit` does) for the H100; returns its thunk sequence's path."""
+    import jax
+    import numpy as np
+    from jax.experimental import topologies
+
+    topology = topologies.get_topology_desc(
+        platform="cuda", target_config=H100, topology="1x1x1"
+    )
+    sharding = jax.sharding.SingleDeviceSharding(topology.devices[0])
+
+    def spec(value):
+        value = np.asarray(value) if not hasattr(value, "dtype") else value
+        return jax.ShapeDtypeStruct(
+            np.shape(value), value.dtype, sharding=sharding
+        )
+
+    state = tuple(
+        [spec(v.value) for v in variables]
+        for variables in (
+            model.trainable_variables,
+            model.non_trainable_variables,
+            model.optimizer.variables,
+            model.metrics_variables,
+        )
+    )
+    before = set(dump.glob("*thunk_sequence*.txt"))
+    step = jax.jit(model.train_step, donate_argnums=0)
+    step.lower(state, jax.tree.map(spec, batch)).compile()
+    new = set(dump.glob("*train_step*thunk_sequence*.txt")) - before
+    # After the thunk passes, where XLA forms the command buffers; without
+    # command buffers there is no such file.
+    after = [p for p in new if "after_thunk_passes" in p.name]
+    return (after or sorted(new))[0]
+
+
+def read_program(path):
+    """The structure of a thunk sequence: the top-level thunks by kind,
+    the thunks outside every conditional, and for each conditional
+    whether a graph holds it and its branches' thunk counts."""
+    top = collections.Counter()
+    unconditional = 0
+    conditionals = []
+    stack = []  # (indent, kind or branch name, record)
+    for line in path.read_text().splitlines():
+        match = THUNK.match(line) or BRANCH.match(line)
+        if not match:
+            continue
+        indent, kind = len(match[1]), match[2]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        if not stack:
+            top[kind] += 1
+        record = None
+        if kind == "kConditional":
+            in_graph = any(k == "kCommandBuffer" for _, k, _ in stack)
+            record = {"in_graph": in_graph, "branches": []}
+            conditionals.append(record)
+        elif BRANCH.match(line):
+            parent = next(
+                r for _, k, r in reversed(stack) if k == "kConditional"
+            )
+            record = {"thunks": 0}
+            parent["branches"].append(record)
+        elif kind != "kCommandBuffer":
+            branches = [r for *_, r in stack if r and "thunks" in r]
+            for branch in branches:
+                branch["thunks"] += 1
+            unconditional += not branches
+        stack.append((indent, kind, record))
+    return top, unconditional, conditionals
+
+
+def describe(variant, path):
+    top, unconditional, conditionals = read_program(path)
+    graphs = top.pop("kCommandBuffer", 0)
+    outside = ", ".join(f"{k} {n}" for k, n in sorted(top.items())) or "none"
+    print(
+        f"{variant}: {graphs} CUDA graph(s) at the top; between them: {outside}"
+    )
+    # Nested conditionals would be counted twice: the step has none.
+    sizes = [[b["thunks"] for b in c["branches"]] for c in conditionals]
+    fewest = unconditional + sum(min(s) for s in sizes)
+    most = unconditional + sum(max(s) for s in sizes)
+    print(f"  thunks a step runs: {fewest} (smaller branches) to {most}")
+    for i, record in enumerate(conditionals):
+        where = (
+            "inside a graph (decided on the device)"
+            if record["in_graph"]
+            else "between graphs (predicate read on the host)"
+        )
+        listed = " / ".join(map(str, sizes[i]))
+        print(f"  conditional {i}: {where}; thunks per branch {listed}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--shape", choices=("minilm", "bert_base"), default="minilm"
+    )
+    parser.add_argument(
+        "--variants", default="softmax,as_speed,skip_masked,pair"
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke run")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    # Compile for CUDA, run on the CPU: the plugin refuses to start
+    # without a driver unless its version check is skipped, and JAX must
+    # not open the GPU it does not have.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    dump = pathlib.Path(tempfile.mkdtemp(prefix="gpu_program_"))
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={dump}".strip()
+    sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+    import gpu_check
+    import jax
+    import numpy as np
+
+    import keras_as_softmax as kas
+
+    check = gpu_check.parse_args(
+        ["--quick"]
+        if args.quick
+        else ["--shape", args.shape, "--samples", "64"]
+    )
+    (shape,) = check.shapes.values()
+    print(f"jax {jax.__version__}; XLA_FLAGS={flags or '(none)'}; dump {dump}")
+    x, y = gpu_check.make_data(shape["vocabulary_size"], check)
+    for variant in args.variants.split(","):
+        model = gpu_check.make_variant(variant, shape, check)
+        inputs = kas.filters.with_sample_ids(x) if variant == "pair" else x
+        model.fit(inputs, y, batch_size=32, steps_per_epoch=1, verbose=0)
+        batch = jax.tree.map(lambda a: np.asarray(a)[:32], (inputs, y))
+        describe(variant, compile_for_gpu(model, batch, dump))
+
+
+if __name__ == "__main__":
+    main()
