@@ -36,10 +36,10 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 # An H100 SXM as XLA describes a GPU it compiles for (NVIDIA's published
 # figures: compute capability 9.0, 132 SMs, 80 GB HBM3 at 3.35 TB/s, 50 MB
-# of L2), with the CUDA driver and runtime the H200 of RESULTS.md's GPU
-# rows had: the same chip with more and faster memory, which changes no
-# decision this script reads. XLA keeps conditionals in graphs only from
-# CUDA 12.3 on.
+# of L2); RESULTS.md's H200 is the same chip with more and faster memory,
+# which changes no decision this script reads. A CUDA 13.0 driver (the
+# H200's was 580) and the cuda12 plugin's 12.9 runtime: XLA keeps
+# conditionals in graphs only from CUDA 12.3 on.
 H100 = """
 gpu_device_info {
   threads_per_block_limit: 1024
