@@ -89,7 +89,6 @@ def compile_for_gpu(model, batch, dump):
     sharding = jax.sharding.SingleDeviceSharding(topology.devices[0])
 
     def spec(value):
-        value = np.asarray(value) if not hasattr(value, "dtype") else value
         return jax.ShapeDtypeStruct(
             np.shape(value), value.dtype, sharding=sharding
         )
@@ -122,7 +121,8 @@ def read_program(path):
     conditionals = []
     stack = []  # (indent, kind or branch name, record)
     for line in path.read_text().splitlines():
-        match = THUNK.match(line) or BRANCH.match(line)
+        branch = BRANCH.match(line)
+        match = THUNK.match(line) or branch
         if not match:
             continue
         indent, kind = len(match[1]), match[2]
@@ -135,7 +135,7 @@ def read_program(path):
             in_graph = any(k == "kCommandBuffer" for _, k, _ in stack)
             record = {"in_graph": in_graph, "branches": []}
             conditionals.append(record)
-        elif BRANCH.match(line):
+        elif branch:
             parent = next(
                 r for _, k, r in reversed(stack) if k == "kConditional"
             )

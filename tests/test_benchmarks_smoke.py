@@ -100,10 +100,6 @@ def _load_script(path):
     return module
 
 
-def _load_paper_tables():
-    return _load_script(PAPER_TABLES)
-
-
 def _check_task_block(task_key, block, rows):
     assert block["regime"] in ("finetune", "scratch"), task_key
     assert isinstance(block["metric"], str), task_key
@@ -168,7 +164,7 @@ def test_paper_tables_smoke_writes_json_plots_and_markdown(tmp_path):
     document = json.loads(
         (tmp_path / "results" / "paper_tables.json").read_text()
     )
-    paper_tables = _load_paper_tables()
+    paper_tables = _load_script(PAPER_TABLES)
     assert list(document["tasks"]) == SMOKE_TASKS.split(",")
     for task_key, block in document["tasks"].items():
         lab_task, regime = paper_tables.TASKS[task_key]
@@ -196,7 +192,7 @@ def test_paper_tables_smoke_writes_json_plots_and_markdown(tmp_path):
 
 
 def test_paper_tables_lists_a_repeated_resume_command_once():
-    paper_tables = _load_paper_tables()
+    paper_tables = _load_script(PAPER_TABLES)
     argv = ["--resume", "--tasks", "multiclass"]
     args = paper_tables.parse_args(argv)
     args.argv = argv
@@ -222,7 +218,7 @@ def _fake_run(paper_tables, seed, test):
 
 
 def test_paper_tables_merge_adds_the_missing_runs_only(tmp_path):
-    paper_tables = _load_paper_tables()
+    paper_tables = _load_script(PAPER_TABLES)
     argv = ["--tasks", "multiclass"]
     args = paper_tables.parse_args(argv)
     args.argv = argv
@@ -284,7 +280,7 @@ def test_paper_tables_merge_adds_the_missing_runs_only(tmp_path):
 def test_early_stopping_pick_stops_with_patience_2(val_loss, picked):
     """The evaluation whose weights `EarlyStopping(monitor="val_loss",
     patience=2, restore_best_weights=True)` restores."""
-    paper_tables = _load_paper_tables()
+    paper_tables = _load_script(PAPER_TABLES)
     assert paper_tables.early_stopping_pick(val_loss, 2) == picked
 
 
@@ -294,7 +290,7 @@ def test_paper_tables_tfds_source_on_mock_data():
     from as_softmax_lab import datasets
     from tests.test_datasets import _conll_as_dataset
 
-    paper_tables = _load_paper_tables()
+    paper_tables = _load_script(PAPER_TABLES)
     with tfds.testing.mock_data(num_examples=5):
         data = paper_tables.load_task_data("multiclass", "tfds")
         assert data.name == "clinc_oos"
@@ -311,8 +307,9 @@ def test_paper_tables_tfds_source_on_mock_data():
 GPU_CHECK = SCRIPT.parent / "gpu_check.py"
 
 
-TRACE_SUMMARY = SCRIPT.parent.parent / "lab" / "trace_summary.py"
-GPU_PROGRAM = SCRIPT.parent.parent / "lab" / "gpu_program.py"
+LAB = SCRIPT.parent.parent / "lab"
+TRACE_SUMMARY = LAB / "trace_summary.py"
+GPU_PROGRAM = LAB / "gpu_program.py"
 
 
 @pytest.mark.slow
