@@ -7,9 +7,10 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #       -d .whl keras==3.15.1 keras-hub==0.32.0 namex optree
 # (.whl/ is untracked, so the device tool carries it). Outputs go to $OUT
-# (or results/gpu); the profiles of the second and third checks and their
-# summary too (XLA runs its command buffers as plain thunks while a
-# profiler session is active, unless told otherwise).
+# (or results/gpu), the two profiles and their summary too (XLA runs its
+# command buffers as plain thunks while a profiler session is active,
+# unless told otherwise). The limits add up to more than one call of the
+# device tool allows (600 s): what comes last is what a cut run loses.
 set -u
 OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
