@@ -16,17 +16,20 @@ JAX trainer jits a step (the state donated):
   a filtered step with every sample masked;
 * `take`: the same program, its predicate true.
 
-Each runs `--calls` calls a round, `--rounds` rounds interleaved, in two
-regimes: `fresh` puts every call's batch on the device anew, as `fit` does
-(new buffers: XLA updates a CUDA graph whose addresses changed), `same`
-reuses one batch. Printed per program: wall time per call (the calls
-dispatched back to back, then waited for), host time per call (the median
-time a call takes to return, which is its dispatch), and the wall time over
-`full`'s. If XLA's conditional works, `skip` costs about `score`, well
-under `full`; if `skip` costs `full`, the untaken branch is paid for. Where
-the host time is close to the wall time, the step waits for the host, not
-for the device. The script first checks that `skip` leaves the parameters
-as they were and `take` changes them.
+Each runs `--calls` batches a round, `--rounds` rounds interleaved, in
+three regimes: `fresh` puts every call's batch on the device anew, as `fit`
+does (new buffers: XLA updates a CUDA graph whose addresses changed),
+`same` reuses one batch, and `scan` runs `--scan` fresh batches a call in
+one program (`lax.scan`), as an on-device `steps_per_execution` would.
+Printed per program and batch: wall time (the calls dispatched back to
+back, then waited for), host time (the median time a call takes to
+return, which is its dispatch), and the wall time over `full`'s. If XLA's
+conditional works, `skip` costs about `score`, well under `full`; if
+`skip` costs `full`, the untaken branch is paid for. Where the host time
+is close to the wall time, the step waits for the host, not for the
+device; `scan` then shows what dispatching fewer programs gives back. The
+script first checks that `skip` leaves the parameters as they were and
+`take` changes them.
 
     python lab/cond_cost.py
     XLA_FLAGS=--xla_gpu_enable_command_buffer= python lab/cond_cost.py
@@ -42,9 +45,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-PROGRAMS = ("full", "score", "skip", "take")
-REGIMES = ("fresh", "same")
 
 
 def init_params(key, layers, hidden, classes):
@@ -112,6 +112,30 @@ def filtered(state, x, y, threshold):
     return (params, grads), hardest
 
 
+REGIMES = ("fresh", "same", "scan")
+FUNCTIONS = {"full": full, "score": score, "skip": filtered, "take": filtered}
+# The predicate of `skip` comes out false, that of `take` true.
+THRESHOLDS = {
+    "full": -np.inf,
+    "score": -np.inf,
+    "skip": np.inf,
+    "take": -np.inf,
+}
+
+
+def scanned(fn):
+    """`fn` over a stack of batches in one program; its last output."""
+
+    def run(state, xs, ys, threshold):
+        def body(state, batch):
+            return fn(state, *batch, threshold)
+
+        state, outs = jax.lax.scan(body, state, (xs, ys))
+        return state, outs[-1]
+
+    return run
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -119,20 +143,16 @@ def main(argv=None):
     )
     parser.add_argument("--hidden", type=int, default=384)
     parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--calls", type=int, default=48, help="batches a round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scan", type=int, default=8, help="batches a scan")
     parser.add_argument(
         "--quick", action="store_true", help="tiny, for the CPU"
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.rows, args.hidden, args.layers, args.calls, args.rounds = (
-            64,
-            16,
-            2,
-            5,
-            2,
-        )
+        args.rows, args.hidden, args.layers = 64, 16, 2
+        args.calls, args.rounds, args.scan = 4, 2, 2
     classes = 45
     device = jax.devices()[0]
     print(
@@ -141,7 +161,8 @@ def main(argv=None):
     print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}")
     print(
         f"rows={args.rows} hidden={args.hidden} layers={args.layers} "
-        f"classes={classes} calls={args.calls} rounds={args.rounds}"
+        f"classes={classes} calls={args.calls} rounds={args.rounds} "
+        f"scan={args.scan}"
     )
 
     rng = np.random.default_rng(0)
@@ -150,24 +171,18 @@ def main(argv=None):
             rng.standard_normal((args.rows, args.hidden), dtype=np.float32),
             rng.integers(0, classes, args.rows).astype(np.int32),
         )
-        for _ in range(4)
+        for _ in range(2 * args.scan)
+    ]
+    host_stacks = [
+        tuple(np.stack(a) for a in zip(*host_batches[i::2])) for i in range(2)
     ]
     same_batch = jax.device_put(host_batches[0])
-    thresholds = {
-        "full": -np.inf,
-        "score": -np.inf,
-        "skip": np.inf,
-        "take": -np.inf,
-    }
-    functions = {
-        "full": full,
-        "score": score,
-        "skip": filtered,
-        "take": filtered,
-    }
-    jitted = {
-        name: jax.jit(fn, donate_argnums=0) for name, fn in functions.items()
-    }
+    jitted = {}
+    for name, fn in FUNCTIONS.items():
+        jitted["fresh", name] = jitted["same", name] = jax.jit(
+            fn, donate_argnums=0
+        )
+        jitted["scan", name] = jax.jit(scanned(fn), donate_argnums=0)
     params = init_params(jax.random.key(0), args.layers, args.hidden, classes)
     start = (params, jax.tree.map(jnp.zeros_like, params))
 
@@ -175,13 +190,11 @@ def main(argv=None):
         return jax.tree.map(jnp.copy, start)
 
     def check(name, changed):
-        after, _ = jitted[name](fresh_state(), *same_batch, thresholds[name])
-        moved = any(
-            not np.array_equal(a, b)
-            for a, b in zip(
-                jax.tree.leaves(after[0]), jax.tree.leaves(start[0])
-            )
+        after, _ = jitted["same", name](
+            fresh_state(), *same_batch, THRESHOLDS[name]
         )
+        leaves = zip(jax.tree.leaves(after[0]), jax.tree.leaves(start[0]))
+        moved = any(not np.array_equal(a, b) for a, b in leaves)
         if moved != changed:
             state = "changed" if moved else "did not change"
             sys.exit(f"{name}: its parameters {state}; expected the opposite")
@@ -189,42 +202,47 @@ def main(argv=None):
     check("skip", changed=False)
     check("take", changed=True)
 
-    states = {name: fresh_state() for name in PROGRAMS}
+    states = {name: fresh_state() for name in FUNCTIONS}
 
-    def run(name, regime):
+    def run(regime, name):
+        """Seconds per batch: wall, and the median call's dispatch."""
+        per_call = args.scan if regime == "scan" else 1
+        calls = max(1, args.calls // per_call)
         host = []
         began = time.perf_counter()
-        for call in range(args.calls):
+        for call in range(calls):
             called = time.perf_counter()
-            if regime == "fresh":
+            if regime == "scan":
+                batch = jax.device_put(host_stacks[call % 2])
+            elif regime == "fresh":
                 batch = jax.device_put(host_batches[call % len(host_batches)])
             else:
                 batch = same_batch
-            states[name], out = jitted[name](
-                states[name], *batch, thresholds[name]
+            states[name], out = jitted[regime, name](
+                states[name], *batch, THRESHOLDS[name]
             )
             host.append(time.perf_counter() - called)
         if not np.isfinite(out):
-            sys.exit(f"{name}: its loss is {out} after {args.calls} calls")
-        return (time.perf_counter() - began) / args.calls, statistics.median(
-            host
-        )
+            sys.exit(f"{name}: its loss is {out} after {calls} calls")
+        wall = time.perf_counter() - began
+        return wall / calls / per_call, statistics.median(host) / per_call
 
     for regime in REGIMES:  # compile and warm up
-        for name in PROGRAMS:
-            run(name, regime)
-    times = {(r, n): [] for r in REGIMES for n in PROGRAMS}
+        for name in FUNCTIONS:
+            run(regime, name)
+    times = {(r, n): [] for r in REGIMES for n in FUNCTIONS}
     for _ in range(args.rounds):
         for regime in REGIMES:
-            for name in PROGRAMS:
-                times[regime, name].append(run(name, regime))
+            for name in FUNCTIONS:
+                times[regime, name].append(run(regime, name))
 
+    print("per batch:")
     print(
         f"{'regime':8}{'program':9}{'wall ms':>10}{'host ms':>10}{'/ full':>9}"
     )
     for regime in REGIMES:
         full_wall = statistics.median(w for w, _ in times[regime, "full"])
-        for name in PROGRAMS:
+        for name in FUNCTIONS:
             wall = statistics.median(w for w, _ in times[regime, name])
             host = statistics.median(h for _, h in times[regime, name])
             print(

@@ -30,10 +30,10 @@ run() {  # run NAME SECONDS BACKEND ARGS...
 # Plain JAX first (issue 30): does an untaken conditional cost, and is a
 # step bound by its kernels or by its dispatch? MiniLM's width, then many
 # small kernels, then the first again with XLA's CUDA graphs off.
-run cond_cost 60 jax lab/cond_cost.py
-run cond_cost_small_kernels 60 jax lab/cond_cost.py --rows 32 --layers 48
+run cond_cost 90 jax lab/cond_cost.py
+run cond_cost_small_kernels 90 jax lab/cond_cost.py --rows 32 --layers 48
 XLA_FLAGS=--xla_gpu_enable_command_buffer= \
-    run cond_cost_no_graphs 60 jax lab/cond_cost.py
+    run cond_cost_no_graphs 90 jax lab/cond_cost.py
 run gpu_check_jax 180 jax benchmarks/gpu_check.py --shape minilm
 # Profiles: XLA's default (one CUDA graph a step, its conditionals decided
 # on the device; `lab/gpu_program.py`) and conditionals between graphs,
