@@ -1077,6 +1077,62 @@ def test_a_step_reads_no_device_value_on_the_host(monkeypatch, name):
     assert np.isfinite(float(logs["loss"]))
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's pure train step")
+@pytest.mark.parametrize("name", list(_one_program_filters()))
+def test_steps_in_one_lax_scan_end_where_steps_one_at_a_time_do(name):
+    """Keras's JAX trainer after 3.15 runs `steps_per_execution` steps in
+    one `jax.lax.scan` (keras-team/keras#23527), one dispatch for N drawn
+    batches. The filtered step is pure and keeps its shapes, so a scan
+    over 8 batches ends with the state and logs of 8 calls."""
+    import jax
+
+    n = 64
+    x, y = sentence_data(n)
+    wrapped = kas.ASSpeed(
+        small_model(), sample_filter=_one_program_filters()[name](n)
+    )
+    wrapped.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=kas.ASSoftmaxLoss(0.3),
+        jit_compile=True,
+    )
+    inputs = filters.with_sample_ids(x) if name == "pair" else x
+    wrapped.fit(inputs, y, batch_size=8, epochs=2, verbose=0)
+    start = wrapped._get_jax_state(
+        trainable_variables=True,
+        non_trainable_variables=True,
+        optimizer_variables=True,
+        metrics_variables=True,
+    )
+    batches = [
+        (keras.tree.map_structure(lambda a, i=i: a[i : i + 8], inputs),)
+        + (y[i : i + 8],)
+        for i in range(0, n, 8)
+    ]
+    step = jax.jit(wrapped.train_step)
+    state = start
+    for batch in batches:
+        logs, state = step(state, batch)
+
+    def body(state, batch):
+        logs, state = wrapped.train_step(state, batch)
+        return state, logs
+
+    stacked = jax.tree.map(lambda *a: np.stack(a), *batches)
+    scanned, scan_logs = jax.jit(lambda s, b: jax.lax.scan(body, s, b))(
+        start, stacked
+    )
+    # The 8 steps moved the weights: the comparison below is not trivial.
+    assert not all(np.array_equal(a, b) for a, b in zip(start[0], state[0]))
+    for ours, theirs in zip(jax.tree.leaves(state), jax.tree.leaves(scanned)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert set(scan_logs) == set(logs)
+    for key, value in logs.items():
+        np.testing.assert_allclose(value, scan_logs[key][-1], rtol=1e-5)
+    if name != "none":
+        assert float(logs["scored_fraction"]) > 0.0
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="JAX's compiled train step")
 @pytest.mark.parametrize("name", list(_one_program_filters()))
 def test_a_step_copies_no_weight_sized_buffer(name):
