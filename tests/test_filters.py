@@ -1029,6 +1029,47 @@ def _one_program_filters():
     }
 
 
+@pytest.mark.skipif(
+    BACKEND == "torch",
+    reason="Keras's torch trainer takes steps_per_execution=1 only",
+)
+@pytest.mark.parametrize("jit_compile", JIT)
+@pytest.mark.parametrize("name", ["skip", "pair"])
+def test_steps_per_execution_trains_as_steps_one_at_a_time(name, jit_compile):
+    """`steps_per_execution=4` runs 4 drawn batches a dispatch (on
+    TensorFlow in one graph; on JAX, Keras 3.15 loops on the host and
+    later Kerases scan on the device) and trains as 1 does: the same
+    weights and epoch logs, with 9 batches an epoch, so that a group of
+    one ends each epoch."""
+    n = 72
+    x, y = sentence_data(n)
+    inputs = filters.with_sample_ids(x) if name == "pair" else x
+
+    def fit(steps_per_execution):
+        wrapped = kas.ASSpeed(
+            small_model(), sample_filter=_one_program_filters()[name](n)
+        )
+        wrapped.compile(
+            optimizer=keras.optimizers.Adam(0.05),
+            loss=kas.ASSoftmaxLoss(0.3),
+            jit_compile=jit_compile,
+            steps_per_execution=steps_per_execution,
+        )
+        history = wrapped.fit(
+            inputs, y, batch_size=8, epochs=3, shuffle=False, verbose=0
+        )
+        return wrapped.get_weights(), history.history
+
+    weights, logs = fit(1)
+    grouped_weights, grouped_logs = fit(4)
+    assert min(logs["trained_fraction"]) < 1.0  # the filter skipped rows
+    for ours, theirs in zip(weights, grouped_weights):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert set(grouped_logs) == set(logs)
+    for key, values in logs.items():
+        np.testing.assert_allclose(grouped_logs[key], values, rtol=1e-5)
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="JAX's pure train step")
 @pytest.mark.parametrize("name", list(_one_program_filters()))
 def test_a_step_reads_no_device_value_on_the_host(monkeypatch, name):
