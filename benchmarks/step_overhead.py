@@ -130,7 +130,8 @@ def main(argv=None):
         fits[variant] = epoch_fit(model, inputs, y, args.batch_size)
     seconds, logs = time_epochs(fits, args.warmup, args.rounds)
     print(
-        f"backend={keras.backend.backend()} samples={args.samples} "
+        f"keras={keras.__version__} backend={keras.backend.backend()} "
+        f"samples={args.samples} "
         f"batch={args.batch_size} warmup={args.warmup} rounds={args.rounds} "
         f"steps_per_execution={args.steps_per_execution} "
         f"jit_compile={args.jit_compile}"

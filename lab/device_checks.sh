@@ -3,11 +3,14 @@
 # its own time limit so that one slow part leaves the rest their turn.
 # Runs from the repository root on a machine whose image has JAX and
 # PyTorch with CUDA but no Keras: wheels for keras, keras-hub, namex and
-# optree (Python 3.12) wait in .whl/, fetched here beforehand with
+# optree (Python 3.12) wait in .whl/, and Keras's nightly (after 3.15: it
+# runs steps_per_execution in one lax.scan; keras-hub 0.32 does not import
+# with it) in .whl-nightly/, fetched here beforehand with
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #       -d .whl keras==3.15.1 keras-hub==0.32.0 namex optree
-# (.whl/ is untracked, so the device tool carries it). Outputs go to $OUT
-# (or results/gpu), the two profiles and their summary too (XLA runs its
+#   pip download --no-deps --only-binary=:all: -d .whl-nightly keras-nightly
+# (untracked, so the device tool carries them). Outputs go to $OUT (or
+# results/gpu), the two profiles and their summary too (XLA runs its
 # command buffers as plain thunks while a profiler session is active,
 # unless told otherwise). The limits add up to more than one call of the
 # device tool allows (600 s): what comes last is what a cut run loses.
@@ -47,6 +50,15 @@ XLA_FLAGS="$profile --xla_gpu_enable_command_buffer=-CONDITIONAL" \
     --shape minilm --variants softmax,skip_masked --rounds 2 \
     --trace "$OUT/traces/host_conditionals"
 python3 lab/trace_summary.py "$OUT/traces" --top 12 > "$OUT/trace_summary.txt" 2>&1
+# Eight steps a dispatch: Keras 3.15 loops over them on the host, the
+# nightly scans them on the device (one program for the eight).
+run step_overhead_jax_spe8 50 jax benchmarks/step_overhead.py --rounds 7 \
+    --steps-per-execution 8
+if python3 -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --target /tmp/site-nightly .whl-nightly/*.whl; then
+    PYTHONPATH=/tmp/site-nightly:/tmp/site run step_overhead_jax_nightly_spe8 \
+        50 jax benchmarks/step_overhead.py --rounds 7 --steps-per-execution 8
+fi
 run gpu_check_jax_bert_base 200 jax benchmarks/gpu_check.py --shape bert_base \
     --variants softmax,as_speed,skip_masked
 run step_overhead_jax 50 jax benchmarks/step_overhead.py --rounds 7
