@@ -20,7 +20,9 @@ Each runs `--calls` batches a round, `--rounds` rounds interleaved, in
 three regimes: `fresh` puts every call's batch on the device anew, as `fit`
 does (new buffers: XLA updates a CUDA graph whose addresses changed),
 `same` reuses one batch, and `scan` runs `--scan` fresh batches a call in
-one program (`lax.scan`), as an on-device `steps_per_execution` would.
+one program (`lax.scan`), as an on-device `steps_per_execution` would
+(compiled for an H100 with jaxlib 0.11.2, the loop runs from XLA's host
+runtime, each iteration's body as CUDA graphs: no Python between steps).
 Printed per program and batch: wall time (the calls dispatched back to
 back, then waited for), host time (the median time a call takes to
 return, which is its dispatch), and the wall time over `full`'s. If XLA's
