@@ -33,9 +33,15 @@ epoch. Then the verdicts on the two claims this checks:
 On JAX and PyTorch, TensorFlow is hidden from this process, as on a GPU
 image without it. On PyTorch, `--jit-compile auto` (Keras's default there)
 runs the steps eagerly; `true` uses `torch.compile`. `--variants` times a
-subset (softmax always). `--trace DIR` (JAX) then profiles `--trace-steps`
-more steps of each variant with `jax.profiler`, one Perfetto trace per
-variant under `DIR/<shape>/<variant>/`, for `lab/trace_summary.py` to read
+subset (softmax always). `--steps-per-execution N` compiles every variant
+with it: on JAX, Keras 3.15 dispatches the N steps one by one, later
+Kerases run them in one `lax.scan` (keras-team/keras#23527).
+`--backbone keras` builds the same encoder from core Keras layers, for
+Keras's nightly, which keras-hub 0.32 does not import with.
+
+`--trace DIR` (JAX) then profiles `--trace-steps` more steps of each
+variant with `jax.profiler`, one Perfetto trace per variant under
+`DIR/<shape>/<variant>/`, for `lab/trace_summary.py` to read
 where a step's time goes on the device (on a GPU, with
 `XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true`: XLA
 otherwise runs its CUDA graphs kernel by kernel while it profiles).
@@ -70,7 +76,6 @@ if os.environ["KERAS_BACKEND"] != "tensorflow":
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras  # noqa: E402
-import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
 from keras import ops  # noqa: E402
 
@@ -116,6 +121,13 @@ def parse_args(argv=None):
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps-per-execution", type=int, default=1)
+    parser.add_argument(
+        "--backbone",
+        choices=("keras_hub", "keras"),
+        default="keras_hub",
+        help="`keras`: the same encoder in core Keras layers",
+    )
     parser.add_argument(
         "--jit-compile",
         choices=("true", "auto"),
@@ -178,7 +190,8 @@ def print_env(args):
         f"samples={args.samples} sequence_length={args.sequence_length} "
         f"batch={args.batch_size} learning_rate={args.learning_rate} "
         f"warmup={args.warmup} rounds={args.rounds} "
-        f"jit_compile={args.jit_compile}"
+        f"steps_per_execution={args.steps_per_execution} "
+        f"backbone={args.backbone} jit_compile={args.jit_compile}"
     )
 
 
@@ -205,17 +218,65 @@ def make_data(vocabulary_size, args, seed=0):
     return x, y.astype("int32")
 
 
-def build_model(shape):
-    """A `BertBackbone` of `shape`, mean pooling, dropout, the class head."""
+class _AddPositions(keras.layers.Layer):
+    """Adds a learned embedding of each position."""
+
+    def __init__(self, length, dim, **kwargs):
+        super().__init__(**kwargs)
+        self.table = self.add_weight(
+            shape=(length, dim), initializer="random_normal", name="table"
+        )
+
+    def call(self, x):
+        return x + self.table[: ops.shape(x)[1]]
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+def core_keras_encoder(inputs, shape):
+    """BERT's encoder at `shape` in core Keras layers (post-norm, GELU,
+    dropout 0.1), for a Keras that keras-hub 0.32 does not import with."""
+    hidden, heads = shape["hidden_dim"], shape["num_heads"]
+    x = keras.layers.Embedding(shape["vocabulary_size"], hidden)(
+        inputs["token_ids"]
+    )
+    x = _AddPositions(512, hidden)(x)
+    x = x + keras.layers.Embedding(2, hidden)(inputs["segment_ids"])
+    x = keras.layers.Dropout(0.1)(keras.layers.LayerNormalization()(x))
+    attend = ops.cast(inputs["padding_mask"], "bool")[:, None, :]
+    for _ in range(shape["num_layers"]):
+        attention = keras.layers.MultiHeadAttention(
+            heads, hidden // heads, dropout=0.1
+        )(x, x, attention_mask=attend)
+        x = keras.layers.LayerNormalization()(
+            x + keras.layers.Dropout(0.1)(attention)
+        )
+        inner = keras.layers.Dense(shape["intermediate_dim"], activation="gelu")
+        outer = keras.layers.Dense(hidden)(inner(x))
+        x = keras.layers.LayerNormalization()(
+            x + keras.layers.Dropout(0.1)(outer)
+        )
+    return x
+
+
+def build_model(shape, backbone="keras_hub"):
+    """A `BertBackbone` of `shape` (or `core_keras_encoder`), mean
+    pooling, dropout, the class head."""
     keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.BertBackbone(**shape, max_sequence_length=512)
-    # The pooled `[CLS]` output goes unused: nothing for AdamW to update.
-    backbone.get_layer("pooled_dense").trainable = False
     inputs = {
         name: keras.Input((None,), dtype="int32", name=name)
         for name in ("token_ids", "segment_ids", "padding_mask")
     }
-    sequence = backbone(inputs)["sequence_output"]
+    if backbone == "keras":
+        sequence = core_keras_encoder(inputs, shape)
+    else:
+        import keras_hub
+
+        bert = keras_hub.models.BertBackbone(**shape, max_sequence_length=512)
+        # The pooled `[CLS]` output goes unused: nothing for AdamW to update.
+        bert.get_layer("pooled_dense").trainable = False
+        sequence = bert(inputs)["sequence_output"]
     mask = ops.expand_dims(ops.cast(inputs["padding_mask"], sequence.dtype), -1)
     pooled = ops.sum(sequence * mask, axis=1) / ops.sum(mask, axis=1)
     pooled = keras.layers.Dropout(0.1)(pooled)
@@ -223,7 +284,7 @@ def build_model(shape):
 
 
 def make_variant(variant, shape, args):
-    model = build_model(shape)
+    model = build_model(shape, args.backbone)
     loss = kas.ASSoftmaxLoss(0.3)
     if variant == "softmax":
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -241,6 +302,7 @@ def make_variant(variant, shape, args):
         optimizer=keras.optimizers.AdamW(args.learning_rate),
         loss=loss,
         jit_compile=True if args.jit_compile == "true" else "auto",
+        steps_per_execution=args.steps_per_execution,
     )
     return model
 

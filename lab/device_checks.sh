@@ -50,14 +50,17 @@ XLA_FLAGS="$profile --xla_gpu_enable_command_buffer=-CONDITIONAL" \
     --shape minilm --variants softmax,skip_masked --rounds 2 \
     --trace "$OUT/traces/host_conditionals"
 python3 lab/trace_summary.py "$OUT/traces" --top 12 > "$OUT/trace_summary.txt" 2>&1
-# Eight steps a dispatch: Keras 3.15 loops over them on the host, the
-# nightly scans them on the device (one program for the eight).
+# Eight steps a dispatch. Keras 3.15 loops over them on the host (the
+# tiny model); Keras's nightly scans them on the device, one program for
+# the eight: MiniLM's shape there, in core Keras layers (keras-hub 0.32
+# does not import with it), softmax beside the filters.
 run step_overhead_jax_spe8 50 jax benchmarks/step_overhead.py --rounds 7 \
     --steps-per-execution 8
 if python3 -m pip install -q --no-index --no-deps --no-compile \
     --no-cache-dir --target /tmp/site-nightly .whl-nightly/*.whl; then
-    PYTHONPATH=/tmp/site-nightly:/tmp/site run step_overhead_jax_nightly_spe8 \
-        50 jax benchmarks/step_overhead.py --rounds 7 --steps-per-execution 8
+    PYTHONPATH=/tmp/site-nightly:/tmp/site run gpu_check_jax_nightly_spe8 \
+        150 jax benchmarks/gpu_check.py --shape minilm --backbone keras \
+        --steps-per-execution 8 --variants softmax,skip_masked,pair
 fi
 run gpu_check_jax_bert_base 200 jax benchmarks/gpu_check.py --shape bert_base \
     --variants softmax,as_speed,skip_masked

@@ -361,6 +361,37 @@ def test_gpu_check_quick_trains_without_tensorflow(tmp_path):
         assert calls and int(calls[1]) >= 8, summary
 
 
+@pytest.mark.slow
+def test_gpu_check_core_keras_backbone_with_steps_per_execution():
+    """`--backbone keras` (the encoder in core Keras layers, for a Keras
+    that keras-hub does not import with) trains with
+    `--steps-per-execution 2`: the filter skips samples, and the table
+    prints finite numbers."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("one run is enough: the script runs on JAX itself")
+    out = run_quick(
+        GPU_CHECK,
+        "jax",
+        300,
+        "--backbone",
+        "keras",
+        "--steps-per-execution",
+        "2",
+        "--variants",
+        "softmax,skip_masked",
+    )
+    assert "steps_per_execution=2 backbone=keras" in out, out
+    rows = {
+        words[0]: [float(w.rstrip("x")) for w in words[1:5]]
+        for words in map(str.split, out.splitlines())
+        if len(words) == 6 and words[0] in ("softmax", "skip_masked")
+    }
+    assert set(rows) == {"softmax", "skip_masked"}, out
+    assert all(math.isfinite(n) for row in rows.values() for n in row), out
+    trained, scored = rows["skip_masked"][2:4]
+    assert trained < 1 and scored > 0, out
+
+
 POOL_SEEDS = SCRIPT.parent / "pool_seeds.py"
 
 
