@@ -1029,6 +1029,41 @@ def _one_program_filters():
     }
 
 
+def _compiled(name, n, **kwargs):
+    """`ASSpeed` with the filter `name` for `n` samples, compiled."""
+    wrapped = kas.ASSpeed(
+        small_model(), sample_filter=_one_program_filters()[name](n)
+    )
+    wrapped.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=kas.ASSoftmaxLoss(0.3),
+        **kwargs,
+    )
+    return wrapped
+
+
+def _fitted_for_jax_steps(name, n=64):
+    """`_compiled(name)`, fitted two epochs on JAX (its filters past
+    their warm-up); its state as `train_step` takes it; the 8 batches of
+    its data."""
+    x, y = sentence_data(n)
+    wrapped = _compiled(name, n, jit_compile=True)
+    inputs = filters.with_sample_ids(x) if name == "pair" else x
+    wrapped.fit(inputs, y, batch_size=8, epochs=2, verbose=0)
+    state = wrapped._get_jax_state(
+        trainable_variables=True,
+        non_trainable_variables=True,
+        optimizer_variables=True,
+        metrics_variables=True,
+    )
+    batches = [
+        (keras.tree.map_structure(lambda a, i=i: a[i : i + 8], inputs),)
+        + (y[i : i + 8],)
+        for i in range(0, n, 8)
+    ]
+    return wrapped, state, batches
+
+
 @pytest.mark.skipif(
     BACKEND == "torch",
     reason="Keras's torch trainer takes steps_per_execution=1 only",
@@ -1046,12 +1081,9 @@ def test_steps_per_execution_trains_as_steps_one_at_a_time(name, jit_compile):
     inputs = filters.with_sample_ids(x) if name == "pair" else x
 
     def fit(steps_per_execution):
-        wrapped = kas.ASSpeed(
-            small_model(), sample_filter=_one_program_filters()[name](n)
-        )
-        wrapped.compile(
-            optimizer=keras.optimizers.Adam(0.05),
-            loss=kas.ASSoftmaxLoss(0.3),
+        wrapped = _compiled(
+            name,
+            n,
             jit_compile=jit_compile,
             steps_per_execution=steps_per_execution,
         )
@@ -1080,31 +1112,8 @@ def test_a_step_reads_no_device_value_on_the_host(monkeypatch, name):
     import jax
     from jax._src import array as jax_array
 
-    n = 64
-    x, y = sentence_data(n)
-    wrapped = kas.ASSpeed(
-        small_model(), sample_filter=_one_program_filters()[name](n)
-    )
-    wrapped.compile(
-        optimizer=keras.optimizers.Adam(0.05),
-        loss=kas.ASSoftmaxLoss(0.3),
-        jit_compile=True,
-    )
-    inputs = filters.with_sample_ids(x) if name == "pair" else x
-    wrapped.fit(inputs, y, batch_size=8, epochs=2, verbose=0)
-    state = wrapped._get_jax_state(
-        trainable_variables=True,
-        non_trainable_variables=True,
-        optimizer_variables=True,
-        metrics_variables=True,
-    )
-    batches = [
-        jax.device_put(
-            (keras.tree.map_structure(lambda a, i=i: a[i : i + 8], inputs),)
-            + (y[i : i + 8],)
-        )
-        for i in range(0, n, 8)
-    ]
+    wrapped, state, batches = _fitted_for_jax_steps(name)
+    batches = [jax.device_put(batch) for batch in batches]
 
     def read(array):
         raise AssertionError("a train step read a device value on the host")
@@ -1127,29 +1136,7 @@ def test_steps_in_one_lax_scan_end_where_steps_one_at_a_time_do(name):
     over 8 batches ends with the state and logs of 8 calls."""
     import jax
 
-    n = 64
-    x, y = sentence_data(n)
-    wrapped = kas.ASSpeed(
-        small_model(), sample_filter=_one_program_filters()[name](n)
-    )
-    wrapped.compile(
-        optimizer=keras.optimizers.Adam(0.05),
-        loss=kas.ASSoftmaxLoss(0.3),
-        jit_compile=True,
-    )
-    inputs = filters.with_sample_ids(x) if name == "pair" else x
-    wrapped.fit(inputs, y, batch_size=8, epochs=2, verbose=0)
-    start = wrapped._get_jax_state(
-        trainable_variables=True,
-        non_trainable_variables=True,
-        optimizer_variables=True,
-        metrics_variables=True,
-    )
-    batches = [
-        (keras.tree.map_structure(lambda a, i=i: a[i : i + 8], inputs),)
-        + (y[i : i + 8],)
-        for i in range(0, n, 8)
-    ]
+    wrapped, start, batches = _fitted_for_jax_steps(name)
     step = jax.jit(wrapped.train_step)
     state = start
     for batch in batches:
@@ -1185,29 +1172,12 @@ def test_a_step_copies_no_weight_sized_buffer(name):
 
     import jax
 
-    n = 64
-    x, y = sentence_data(n)
-    inner = small_model()
-    wrapped = kas.ASSpeed(inner, sample_filter=_one_program_filters()[name](n))
-    wrapped.compile(
-        optimizer=keras.optimizers.Adam(0.05),
-        loss=kas.ASSoftmaxLoss(0.3),
-        jit_compile=True,
-    )
-    inputs = filters.with_sample_ids(x) if name == "pair" else x
-    wrapped.fit(inputs, y, batch_size=8, epochs=1, verbose=0)
-    state = wrapped._get_jax_state(
-        trainable_variables=True,
-        non_trainable_variables=True,
-        optimizer_variables=True,
-        metrics_variables=True,
-    )
-    batch = keras.tree.map_structure(lambda a: a[:8], inputs), y[:8]
+    wrapped, state, batches = _fitted_for_jax_steps(name)
     step = jax.jit(wrapped.train_step, donate_argnums=0)
-    hlo = step.lower(state, batch).compile().as_text()
+    hlo = step.lower(state, batches[0]).compile().as_text()
     kernels = {
         ",".join(map(str, v.shape))
-        for v in inner.trainable_variables
+        for v in wrapped.inner_model.trainable_variables
         if len(v.shape) == 2
     }
     copies = re.findall(r"= f32\[([\d,]+)\]\S* copy\(", hlo)
