@@ -313,6 +313,17 @@ GPU_PROGRAM = LAB / "gpu_program.py"
 COND_COST = LAB / "cond_cost.py"
 
 
+def _gpu_check_rows(out, variants):
+    """`gpu_check.py`'s table: `{variant: [ms/step, ratio, trained, scored,
+    masked]}`, as printed, the ratio without its `x`."""
+    rows = {}
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) == 6 and words[0] in variants:
+            rows[words[0]] = [word.rstrip("x") for word in words[1:]]
+    return rows
+
+
 @pytest.mark.slow
 def test_gpu_check_quick_trains_without_tensorflow(tmp_path):
     """`gpu_check.py --quick` on JAX, with TensorFlow hidden as on a GPU
@@ -326,12 +337,7 @@ def test_gpu_check_quick_trains_without_tensorflow(tmp_path):
     assert "FAILED" not in out, out
     assert "runs without TensorFlow" in out, out
     variants = ("softmax", "as_softmax", "as_speed", "skip_masked", "pair")
-    rows = {}
-    for line in out.splitlines():
-        words = line.split()
-        if len(words) == 6 and words[0] in variants:
-            # ms/step, ratio, trained, scored, masked.
-            rows[words[0]] = [word.rstrip("x") for word in words[1:]]
+    rows = _gpu_check_rows(out, variants)
     assert set(rows) == set(variants), out
     for name, numbers in rows.items():
         # Plain Keras models log no masked ratio.
@@ -381,14 +387,11 @@ def test_gpu_check_core_keras_backbone_with_steps_per_execution():
         "softmax,skip_masked",
     )
     assert "steps_per_execution=2 backbone=keras" in out, out
-    rows = {
-        words[0]: [float(w.rstrip("x")) for w in words[1:5]]
-        for words in map(str.split, out.splitlines())
-        if len(words) == 6 and words[0] in ("softmax", "skip_masked")
-    }
+    rows = _gpu_check_rows(out, ("softmax", "skip_masked"))
     assert set(rows) == {"softmax", "skip_masked"}, out
-    assert all(math.isfinite(n) for row in rows.values() for n in row), out
-    trained, scored = rows["skip_masked"][2:4]
+    numbers = [float(n) for row in rows.values() for n in row[:4]]
+    assert all(math.isfinite(n) for n in numbers), out
+    trained, scored = map(float, rows["skip_masked"][2:4])
     assert trained < 1 and scored > 0, out
 
 
