@@ -34,6 +34,18 @@ run() {  # run NAME SECONDS BACKEND ARGS...
 # step bound by its kernels or by its dispatch? MiniLM's width, then many
 # small kernels, then the first again with XLA's CUDA graphs off.
 run cond_cost 90 jax lab/cond_cost.py
+# Does XLA re-record the step's CUDA graph before each execution, and at
+# what host cost, softmax's (hundreds of top-level commands) beside
+# SkipMasked's (tens, three of them conditionals)? Its runtime's log, kept
+# to the command buffer lines, then lab/graph_updates.py's summary.
+echo "== graph_updates: MiniLM's step under XLA's command buffer log"
+{ TF_CPP_MIN_LOG_LEVEL=0 \
+    TF_CPP_VMODULE=command_buffer_thunk=3,command_executor=1,command_buffer_cmd=1,command_buffer_cmd_executor=1 \
+    KERAS_BACKEND=jax timeout 90 python3 benchmarks/gpu_check.py \
+    --shape minilm --variants softmax,skip_masked --rounds 1 2>&1 1>&3 \
+    | grep -a -E "command buffer|commands in" > "$OUT/graph_updates_log.txt"; } \
+    3> "$OUT/graph_updates_run.txt"
+python3 lab/graph_updates.py "$OUT/graph_updates_log.txt" | tee "$OUT/graph_updates.txt"
 run cond_cost_small_kernels 90 jax lab/cond_cost.py --rows 32 --layers 48
 XLA_FLAGS=--xla_gpu_enable_command_buffer= \
     run cond_cost_no_graphs 90 jax lab/cond_cost.py

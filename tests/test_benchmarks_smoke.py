@@ -311,6 +311,7 @@ LAB = SCRIPT.parent.parent / "lab"
 TRACE_SUMMARY = LAB / "trace_summary.py"
 GPU_PROGRAM = LAB / "gpu_program.py"
 COND_COST = LAB / "cond_cost.py"
+GRAPH_UPDATES = LAB / "graph_updates.py"
 
 
 def _gpu_check_rows(out, variants):
@@ -531,3 +532,38 @@ def test_cond_cost_quick_times_every_program_in_every_regime():
     numbers = [n for row in rows.values() for n in row]
     assert all(math.isfinite(n) and n > 0 for n in numbers), out
     assert all(rows[r, "full"][2] == 1.0 for r in regimes), out
+
+
+def test_graph_updates_reads_xla_command_buffer_log():
+    """`lab/graph_updates.py` on lines as XLA's GPU runtime logs them
+    (`command_buffer_thunk.cc`, `command_executor.cc`): each command buffer's
+    updates, with the executions between them, the moved allocations and the
+    host time, told apart by top-level command count; the re-recorded nested
+    sequences with how many of their commands were updated."""
+    thunk = "I1128 08:00:00.0 1 command_buffer_thunk.cc:2] "
+    executor = "I1128 08:00:00.0 1 command_executor.cc:3] "
+    update = (
+        thunk + "Update command buffer on device #0 by recoding command buffer"
+        " cmd sequence after {} executions since last update; "
+        "num_commands={}; updated_allocs={}"
+    )
+    lines = [
+        update.format(1, 71, 3),
+        executor
+        + "Updated 168 commands in 900 \u03bcs (skipped 160 command updates)",
+        executor
+        + "Updated 71 commands in 2000 \u03bcs (skipped 60 command updates)",
+        thunk + "Updated command buffer in 2100 \u03bcs; num_commands=71",
+        thunk + "Execute command buffer on device #0; num_executions=1",
+        update.format(5, 663, 1),
+        thunk + "Execute command buffer on device #0; num_executions=1",
+        update.format(3, 71, 5),
+        thunk + "Updated command buffer in 1900 us",
+        thunk + "Execute command buffer on device #0; num_executions=1",
+        "an unrelated line",
+    ]
+    module = _load_script(GRAPH_UPDATES)
+    executions, buffers, sequences = module.parse(lines)
+    assert executions == 3
+    assert buffers == {71: [[1, 3, 2100], [3, 5, 1900]], 663: [[5, 1, None]]}
+    assert sequences == {168: [(8, 900)], 71: [(11, 2000)]}
