@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs the loss and training suites on the oldest releases that
+# pyproject.toml allows, under Python 3.10, in a venv of its own that later
+# runs reuse (OLDEST_VENV): Keras 3.11, TensorFlow 2.16, jax 0.4.30 and
+# PyTorch 2.3. Not part of tests/run.sh (it adds about 15 minutes); run it
+# when a floor moves. `torch.compile` needs a newer PyTorch than 2.3, so
+# its two tests are left out here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv="${OLDEST_VENV:-$HOME/.cache/keras-as-softmax/py310-oldest}"
+python310=/root/.pyenv/versions/3.10.13/bin/python
+if [[ ! -x "$python310" ]]; then
+    python310="$(command -v python3.10 || true)"
+fi
+if [[ -z "$python310" ]]; then
+    echo "run_oldest.sh: no Python 3.10 found" >&2
+    exit 1
+fi
+if [[ ! -x "$venv/bin/python" ]]; then
+    mkdir -p "$(dirname "$venv")"
+    "$python310" -m venv "$venv"
+fi
+python="$venv/bin/python"
+
+"$python" -m pip install --quiet --disable-pip-version-check \
+    "keras==3.11.3" "tensorflow==2.16.2" "jax[cpu]==0.4.30" "torch==2.3.1" \
+    "keras-hub==0.20.0" "pytest>=8" "hypothesis>=6"
+"$python" -m pip install --quiet --disable-pip-version-check --no-deps -e .
+
+export TF_CPP_MIN_LOG_LEVEL=2 HF_HUB_OFFLINE=1
+"$python" -c '
+import sys, jax, keras, tensorflow, torch
+print(sys.version.split()[0], "keras", keras.__version__, "tensorflow",
+      tensorflow.__version__, "jax", jax.__version__, "torch", torch.__version__)'
+training="tests/test_as_speed.py tests/test_filters.py tests/test_accumulation.py"
+KERAS_BACKEND=tensorflow "$python" -m pytest -q -p no:cacheprovider \
+    tests/test_losses.py tests/test_as_speed_backends.py \
+    tests/test_multilabel_speed_math.py $training "$@"
+KERAS_BACKEND=jax "$python" -m pytest -q -p no:cacheprovider $training "$@"
+KERAS_BACKEND=torch "$python" -m pytest -q -p no:cacheprovider \
+    -m multibackend tests/test_losses.py tests/test_as_speed_backends.py "$@"
+KERAS_BACKEND=torch "$python" -m pytest -q -p no:cacheprovider $training \
+    -k "not torch_compile" "$@"
