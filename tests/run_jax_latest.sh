@@ -5,39 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-venv="${JAX_LATEST_VENV:-$HOME/.cache/keras-as-softmax/py312-jax}"
-
-python312=/root/.pyenv/versions/3.12.1/bin/python
-if [[ ! -x "$python312" ]]; then
-    python312="$(command -v python3.12 || true)"
-fi
-if [[ -z "$python312" ]] || ! "$python312" --version >/dev/null 2>&1; then
-    echo "run_jax_latest.sh: no Python 3.12 found" \
-        "(neither /root/.pyenv/versions/3.12.1/bin/python nor python3.12)" >&2
-    exit 1
-fi
-
-healthy() {
-    "$venv/bin/python" -c \
-        'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null &&
-        "$venv/bin/python" -m pip --version >/dev/null 2>&1
-}
-
-if [[ -e "$venv" ]] && ! healthy; then
-    if [[ -f "$venv/pyvenv.cfg" ]]; then
-        echo "run_jax_latest.sh: $venv is broken; recreating it" >&2
-        rm -rf "$venv"
-    else
-        echo "run_jax_latest.sh: $venv exists and is not a venv;" \
-            "remove it or set JAX_LATEST_VENV" >&2
-        exit 1
-    fi
-fi
-if [[ ! -e "$venv" ]]; then
-    mkdir -p "$(dirname "$venv")"
-    "$python312" -m venv "$venv"
-fi
-python="$venv/bin/python"
+source tests/venv.sh
+python="$(venv_python 3.12 "${JAX_LATEST_VENV:-$HOME/.cache/keras-as-softmax/py312-jax}")"
 
 # TensorFlow comes in through the package's own `tensorflow` dependency: the
 # training suite needs it on JAX too (tf.data in filters.index_dataset).

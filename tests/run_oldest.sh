@@ -8,20 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-venv="${OLDEST_VENV:-$HOME/.cache/keras-as-softmax/py310-oldest}"
-python310=/root/.pyenv/versions/3.10.13/bin/python
-if [[ ! -x "$python310" ]]; then
-    python310="$(command -v python3.10 || true)"
-fi
-if [[ -z "$python310" ]]; then
-    echo "run_oldest.sh: no Python 3.10 found" >&2
-    exit 1
-fi
-if [[ ! -x "$venv/bin/python" ]]; then
-    mkdir -p "$(dirname "$venv")"
-    "$python310" -m venv "$venv"
-fi
-python="$venv/bin/python"
+source tests/venv.sh
+python="$(venv_python 3.10 "${OLDEST_VENV:-$HOME/.cache/keras-as-softmax/py310-oldest}")"
 
 "$python" -m pip install --quiet --disable-pip-version-check \
     "keras==3.11.3" "tensorflow==2.16.2" "jax[cpu]==0.4.30" "torch==2.3.1" \
