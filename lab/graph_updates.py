@@ -90,10 +90,12 @@ def report(executions, buffers, sequences):
             "TF_CPP_VMODULE above, on a GPU?"
         )
         return
-    host = sum(m for u in buffers.values() for _, _, m in u if m is not None)
+    # jaxlib 0.11.2's plugin logs no update times: say so, not "0.0 ms".
+    times = [m for u in buffers.values() for _, _, m in u if m is not None]
+    host = f"{sum(times) / 1e3:.1f} ms" if times else "time not logged"
     print(
         f"{executions} command buffer executions, {updates} updates "
-        f"({host / 1e3:.1f} ms on the host in all)"
+        f"({host} on the host in all)"
     )
     print("commands  updates  executions/update  moved allocations  update µs")
     for commands, entries in sorted(buffers.items(), key=_most):

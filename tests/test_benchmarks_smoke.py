@@ -534,7 +534,7 @@ def test_cond_cost_quick_times_every_program_in_every_regime():
     assert all(rows[r, "full"][2] == 1.0 for r in regimes), out
 
 
-def test_graph_updates_reads_xla_command_buffer_log():
+def test_graph_updates_reads_xla_command_buffer_log(capsys):
     """`lab/graph_updates.py` on lines as XLA's GPU runtime logs them
     (`command_buffer_thunk.cc`, `command_executor.cc`): each command buffer's
     updates, with the executions between them, the moved allocations and the
@@ -567,3 +567,8 @@ def test_graph_updates_reads_xla_command_buffer_log():
     assert executions == 3
     assert buffers == {71: [[1, 3, 2100], [3, 5, 1900]], 663: [[5, 1, None]]}
     assert sequences == {168: [(8, 900)], 71: [(11, 2000)]}
+    module.report(executions, buffers, sequences)
+    assert "3 updates (4.0 ms on the host in all)" in capsys.readouterr().out
+    # jaxlib 0.11.2's plugin logs updates without their times.
+    module.report(*module.parse([update.format(1, 71, 3)]))
+    assert "1 updates (time not logged on the host" in capsys.readouterr().out
