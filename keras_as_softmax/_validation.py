@@ -9,6 +9,7 @@ import math
 import numbers
 
 import keras
+import numpy as np
 
 
 def _is_number(value):
@@ -66,6 +67,8 @@ def check_fraction(value, name):
     """
     if isinstance(value, keras.Variable):
         return value
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
     if not _is_number(value) or not 0.0 <= float(value) <= 1.0:
         raise ValueError(
             f"Expected `{name}` to be a number in [0, 1]. "
@@ -94,6 +97,45 @@ def check_positive(value, name):
             f"Received: {name}={value!r}"
         )
     return float(value)
+
+
+def check_non_negative(value, name):
+    """Checks a finite number >= 0.
+
+    Args:
+        value: the argument.
+        name: the argument's name, for the error message.
+
+    Returns:
+        `value` as a Python `float`.
+    """
+    if (
+        not _is_number(value)
+        or not math.isfinite(float(value))
+        or not float(value) >= 0.0
+    ):
+        raise ValueError(
+            f"Expected `{name}` to be a finite number >= 0. "
+            f"Received: {name}={value!r}"
+        )
+    return float(value)
+
+
+def check_bool(value, name):
+    """Checks a bool (Python's or NumPy's).
+
+    Args:
+        value: the argument.
+        name: the argument's name, for the error message.
+
+    Returns:
+        `value` as a Python `bool`.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(
+            f"Expected `{name}` to be True or False. Received: {name}={value!r}"
+        )
+    return bool(value)
 
 
 def check_one_of(value, name, allowed):

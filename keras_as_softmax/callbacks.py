@@ -69,6 +69,11 @@ class DeltaWarmup(keras.callbacks.Callback):
         if total_steps is not None:
             total_steps = check_int(total_steps, "total_steps")
         self.total_steps = total_steps
+        if losses is not None and not isinstance(losses, (list, tuple)):
+            raise ValueError(
+                "Expected `losses` to be a list of losses. "
+                f"Received: losses={losses!r}"
+            )
         self.losses = losses
         self._variables = []
         self._targets = []
@@ -81,7 +86,11 @@ class DeltaWarmup(keras.callbacks.Callback):
                 "DeltaWarmup found no loss with a `delta` variable. Compile "
                 "the model with keras_as_softmax.ASSoftmaxLoss (or "
                 "MultiLabelASSoftmaxLoss), or pass `losses=[...]`. "
-                f"Received: model.loss={self.model.loss!r}"
+                + (
+                    f"Received: model.loss={self.model.loss!r}"
+                    if self.losses is None
+                    else f"Received: losses={self.losses!r}"
+                )
             )
         total = self.total_steps
         if total is None:

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_as_softmax.losses._common import rows_rank
 from keras_as_softmax.losses._common import valid_rows
 
 
@@ -35,11 +36,7 @@ def masked_rows(loss, y_true, y_pred, sample_weight=None):
         counted = valid
     values = ops.stop_gradient(values)
     if sample_weight is not None:
-        sample_weight = ops.convert_to_tensor(sample_weight)
-        while len(sample_weight.shape) > len(values.shape):
-            sample_weight = ops.squeeze(sample_weight, -1)
-        while len(sample_weight.shape) < len(values.shape):
-            sample_weight = ops.expand_dims(sample_weight, -1)
+        sample_weight = rows_rank(sample_weight, values.shape)
         counted = ops.logical_and(counted, ops.not_equal(sample_weight, 0))
     return ops.logical_and(counted, ops.equal(values, 0.0)), counted
 

@@ -171,6 +171,16 @@ def test_optimizer_follows_the_paper_rule(stateless):
     assert iterations == 3 and steps == 3
 
 
+def test_a_rule_below_one_micro_batch_counts_as_one():
+    # A user's callable that returns 0 or less: every call still updates.
+    grads = [[1.0, 1.0]] * 3
+    for result in (0, -3):
+        rule = lambda steps, rows, masked: result  # noqa: B023, E731
+        values, iterations, steps = window_run(rule, grads, [(8, 0)] * 3, 0)
+        assert [v[0] for v in values] == [-1, -2, -3]
+        assert iterations == 3 and steps == 1
+
+
 def test_optimizer_round_trips_and_forwards_to_the_inner():
     inner = keras.optimizers.AdamW(learning_rate=0.01)
     optimizer = kas.AccumulatingOptimizer(inner, kas.AdaptiveSteps(1.0, 2))

@@ -350,6 +350,14 @@ def test_subclassed_model():
     history = wrapped.fit(x, y, batch_size=8, epochs=2, verbose=0)
     assert set(history.history) >= {"loss", "masked_ratio", "accum_steps"}
     assert wrapped.predict(x, verbose=0).shape == (32, 4)
+    # With a filter, whose queues the first fit() adds once ASSpeed is
+    # built; here built by a predict() before it.
+    always = kas.filters.SkipMasked(warmup_epochs=0, min_masked_ratio=0.0)
+    wrapped = kas.ASSpeed(Classifier(), sample_filter=always)
+    wrapped.predict(x, verbose=0)
+    wrapped.compile(optimizer="adam", loss=kas.ASSoftmaxLoss(), jit_compile=JIT)
+    history = wrapped.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert history.history["scored_fraction"][-1] == 1.0
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
@@ -515,6 +523,10 @@ def test_several_outputs_bad_input():
         )
     with pytest.raises(ValueError, match="non-empty list"):
         kas.ASSpeed(joint_model(), masked_outputs=[])
+    with pytest.raises(ValueError, match="non-empty list.*=3"):
+        kas.ASSpeed(joint_model(), masked_outputs=3)
+    with pytest.raises(ValueError, match=r"one loss.*\['intent', 'slots'\]"):
+        fit(kas.ASSpeed(joint_model()), loss=kas.ASSoftmaxLoss(0.3))
 
 
 def test_bad_arguments():
@@ -527,9 +539,18 @@ def test_bad_arguments():
     wrapped = kas.ASSpeed(make_model(), max_steps=3)
     with pytest.raises(ValueError, match=r"\[1, 3\]"):
         wrapped.accumulation_steps = 5
-    wrapped.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match=r"Call `compile\(\)` on the ASSpeed"):
+        wrapped.fit(*data(8), verbose=0)
+    wrapped.compile("sgd", "sparse_categorical_crossentropy")
     with pytest.raises(ValueError, match="Loss instance"):
         wrapped.fit(*data(8), verbose=0)
+    with pytest.raises(ValueError, match="losses.*'x'"):
+        kas.DeltaWarmup(losses="x")
+    model = make_model()
+    model.compile("sgd", kas.ASSoftmaxLoss())
+    warmup = kas.DeltaWarmup(losses=[keras.losses.MeanSquaredError()])
+    with pytest.raises(ValueError, match="Received: losses=.*MeanSquared"):
+        model.fit(*data(8), verbose=0, callbacks=[warmup])
 
 
 def test_keras_hub_task_fed_raw_strings():

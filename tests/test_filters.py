@@ -911,12 +911,37 @@ def test_bad_input():
         wrapped.fit(filters.with_sample_ids(x), y, batch_size=8, verbose=0)
     with pytest.raises(ValueError, match="sample_id"):
         wrapped.fit(x, y, batch_size=8, verbose=0)
+    # Ids one per sample, in int32's range, attached before batching.
+    with pytest.raises(ValueError, match=r"32 integers.*\(32, 1\)"):
+        filters.with_sample_ids(x, np.arange(32)[:, None])
+    with pytest.raises(ValueError, match=r"2\*\*31"):
+        filters.with_sample_ids(x, np.arange(32) + 2**33)
+    import tensorflow as tf
+
+    batched = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    with pytest.raises(ValueError, match=r"shape \(8,\).*before `batch`"):
+        wrapped.fit(filters.index_dataset(batched), verbose=0)
+    with pytest.raises(ValueError, match=r"\(x, y\)"):
+        filters.index_dataset(tf.data.Dataset.from_tensor_slices(x))
     wrapped = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
     wrapped.compile(
         optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3, reduction="mean")
     )
     with pytest.raises(ValueError, match="reduction"):
         wrapped.fit(x, y, batch_size=8, verbose=0)
+    # Skipping masked samples needs a loss that masks them.
+    ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for f in (filters.SkipMasked(), filters.SkipMaskedLastSeen(32)):
+        wrapped = kas.ASSpeed(small_model(), sample_filter=f)
+        wrapped.compile(optimizer="sgd", loss=ce)
+        with pytest.raises(ValueError, match=f"{type(f).__name__} skips"):
+            wrapped.fit(filters.with_sample_ids(x), y, batch_size=8, verbose=0)
+    # A later fit on batches of another size names the sizes.
+    wrapped = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
+    wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
+    wrapped.fit(x, y, batch_size=8, verbose=0)
+    with pytest.raises(ValueError, match="batch_size=8.*batch_size=16"):
+        wrapped.fit(x, y, batch_size=16, verbose=0)
 
 
 # ------------------------------------------- selective backprop, one program

@@ -439,6 +439,79 @@ def test_bad_delta_and_hyperparameters():
             fn(labels, logits, from_logits=False)
 
 
+def test_delta_held_by_a_variable_or_tensor_is_checked_by_its_value():
+    # A variable or tensor outside [0, 1] would mask every row (loss 0).
+    for bad in (-1.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"delta.*Received: delta="):
+            kas.ASSoftmaxLoss(delta=keras.Variable(bad))
+        with pytest.raises(ValueError, match="delta"):
+            kas.MultiLabelASSoftmaxLoss(delta=ops.convert_to_tensor(bad))
+    assert float(to_numpy(kas.ASSoftmaxLoss(np.array(0.4)).delta)) == (
+        pytest.approx(0.4)
+    )
+
+
+def test_other_hyperparameters_are_checked():
+    for bad in (float("nan"), -0.1, "0.3"):
+        with pytest.raises(ValueError, match="margin"):
+            kas.AMSoftmaxLoss(margin=bad)
+    for bad in ("yes", None, 1):
+        with pytest.raises(ValueError, match="from_logits"):
+            kas.ASSoftmaxLoss(from_logits=bad)
+
+
+def test_sample_weight_with_a_unit_axis_weights_rows_as_keras_does():
+    labels, logits = random_case((6,), 4)
+    weights = np.arange(1.0, 7.0, dtype="float32")
+    expected = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
+        labels, logits, sample_weight=weights[:, None]
+    )
+    for loss in (kas.ASSoftmaxLoss(1.0), kas.TemperatureSoftmaxLoss(1.0)):
+        got = loss(labels, logits, sample_weight=weights[:, None])
+        np.testing.assert_allclose(to_numpy(got), to_numpy(expected), 1e-5)
+
+
+def test_sample_weight_of_another_shape_names_both_shapes():
+    labels, logits = random_case((2,), 3)
+    with pytest.raises(ValueError, match=r"\(2,\).*sample_weight.shape=\(3,\)"):
+        kas.ASSoftmaxLoss()(labels, logits, sample_weight=np.ones(3))
+    tokens, token_logits = random_case((1, 2), 3)
+    # [batch] weights of another batch size would broadcast over the tokens.
+    with pytest.raises(ValueError, match=r"\(1,\) \(one per sample\)"):
+        kas.ASSoftmaxLoss()(tokens, token_logits, sample_weight=np.ones(2))
+    with pytest.raises(ValueError, match="sample_weight"):
+        kas.MultiLabelASSoftmaxLoss()(
+            np.eye(3)[:2], logits, sample_weight=np.ones((2, 3))
+        )
+
+
+def test_categorical_labels_must_be_one_hot():
+    _, logits = random_case((3,), 3)
+    for bad in ([[0.5, 0.5, 0.0]], [[0.0, 0.0, 0.0]], [[1.0, 1.0, 0.0]]):
+        labels = np.concatenate([np.eye(3)[:2], np.array(bad)])
+        with pytest.raises(ValueError, match="one-hot"):
+            kas.ASSoftmaxLoss(label_mode="categorical")(labels, logits)
+
+
+def test_labels_of_another_shape_with_ignore_class_name_both_shapes():
+    labels, logits = random_case((2, 5), 3)
+    with pytest.raises(ValueError, match=r"\(2, 5\).*y_true.shape=\(2, 4\)"):
+        kas.ASSoftmaxLoss(ignore_class=-1)(labels[:, :4], logits)
+
+
+def test_multilabel_as_loss_carries_nan_logits():
+    labels = np.array([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]], "float32")
+    logits = np.array([[np.nan, 0.0, 0.0], [5.0, -5.0, -5.0]], "float32")
+    values = to_numpy(
+        kas.MultiLabelASSoftmaxLoss(0.05, reduction=None)(labels, logits)
+    )
+    assert np.isnan(values[0]) and values[1] == 0.0, values
+    values = to_numpy(
+        kas.MultiLabelASSoftmaxLoss(1.0, reduction=None)(labels, logits)
+    )
+    assert np.isnan(values[0]) and np.isfinite(values[1]), values
+
+
 def test_k_larger_than_classes():
     labels, logits = random_case((4,), 5)
     with pytest.raises(ValueError, match=r"k.*<=.*\(5\).*k=9"):

@@ -12,6 +12,8 @@ filters without knowing their types:
   scores: sample ids (`with_sample_ids`, `index_dataset`) and uniform
   draws that are a function of its `seed` and of the batch's index in
   training, so a run is repeatable and a resumed run draws the same.
+* `needs_masking_loss`: whether it skips the samples whose loss is exactly
+  0, which only an AS loss gives (`ASSpeed` then refuses other losses).
 * `state_spec()`: its state, `{name: (shape, dtype, initial value)}`.
   `ASSpeed` holds it as non-trainable weights (saved with the model,
   carried through JAX's pure step) and passes it as a dict of tensors.
@@ -92,6 +94,7 @@ class SampleFilter:
     """
 
     scores = False
+    needs_masking_loss = False
     needs_sample_ids = False
     needs_draws = False
     seed = None

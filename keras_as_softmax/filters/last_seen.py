@@ -182,6 +182,8 @@ class SkipMaskedLastSeen(LastSeenFilter):
         Dynamic Data Pruning", ICLR 2024.
     """
 
+    needs_masking_loss = True
+
     memory_name = "last_seen_masked"
 
     def __init__(

@@ -18,7 +18,19 @@ def with_sample_ids(x, ids=None):
 
     first = keras.tree.flatten(x)[0]
     n = len(first)
-    ids = np.arange(n, dtype="int32") if ids is None else np.asarray(ids)
+    if ids is None:
+        return attach_sample_ids(x, np.arange(n, dtype="int32"))
+    ids = np.asarray(ids)
+    if ids.shape != (n,) or ids.dtype.kind not in "iu":
+        raise ValueError(
+            f"Expected `ids` to be {n} integers, one per sample (shape "
+            f"({n},)). Received: ids of shape {ids.shape}, dtype {ids.dtype}"
+        )
+    if n and (ids.min() < 0 or ids.max() > np.iinfo("int32").max):
+        raise ValueError(
+            "Expected sample ids in [0, 2**31 - 1]. Received ids in "
+            f"[{ids.min()}, {ids.max()}]"
+        )
     return attach_sample_ids(x, ids.astype("int32"))
 
 
@@ -37,6 +49,12 @@ def index_dataset(dataset):
     """
 
     import tensorflow as tf  # tf.data runs TensorFlow ops on every backend
+
+    if not isinstance(dataset.element_spec, tuple):
+        raise ValueError(
+            "Expected a dataset of `(x, y)` or `(x, y, sample_weight)` "
+            f"elements. Received elements: {dataset.element_spec}"
+        )
 
     def attach(index, element):
         x, *rest = element

@@ -62,6 +62,8 @@ class SkipMasked(ScoringFilter):
     ```
     """
 
+    needs_masking_loss = True
+
     def __init__(
         self,
         min_masked_ratio=1 / 3,

@@ -66,9 +66,7 @@ class PerRowLoss(keras.losses.Loss):
             # `[batch]` weights weight every row of a sample. A new tensor of
             # the rows' shape: Keras multiplies a mask into it in place on
             # torch.
-            sample_weight = ops.convert_to_tensor(sample_weight)
-            while len(sample_weight.shape) < len(rows):
-                sample_weight = ops.expand_dims(sample_weight, -1)
+            sample_weight = _common.rows_rank(sample_weight, rows)
             sample_weight = sample_weight * ops.ones(rows, sample_weight.dtype)
         valid = _common.valid_rows(
             y_true, rows, self._fn_kwargs.get("ignore_class")

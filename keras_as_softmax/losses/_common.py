@@ -61,7 +61,12 @@ def delta_variable(delta):
     """The non-trainable float32 `keras.Variable` that holds a loss's delta.
 
     Callbacks (`DeltaWarmup`) assign it during training without recompiling.
+    A `keras.Variable` or a tensor that holds a value is checked by it.
     """
+    if isinstance(delta, keras.Variable) or (
+        ops.is_tensor(delta) and is_concrete(delta)
+    ):
+        _validation.check_fraction(ops.convert_to_numpy(delta), "delta")
     return keras.Variable(
         check_delta(delta),
         dtype="float32",
@@ -96,36 +101,79 @@ def no_rows(y_pred):
     return ops.sum(ops.cast(y_pred, compute_dtype(y_pred)) * 0.0, axis=-1)
 
 
+def _static(shape):
+    """A shape's known sizes, `None` for the others (a `None` or a tensor in
+    a traced graph)."""
+    return tuple(d if isinstance(d, int) else None for d in shape)
+
+
 def _shapes_match(a, b):
+    a, b = _static(a), _static(b)
     return len(a) == len(b) and all(
         x is None or y is None or x == y for x, y in zip(a, b, strict=True)
     )
 
 
+def _label_rows(y_true, row_shape, pred_shape=None):
+    """Integer labels of `row_shape` (one per row of logits), from labels of
+    that shape or with a trailing unit axis; else a `ValueError`."""
+    true_shape = tuple(y_true.shape)
+    rank = len(row_shape)
+    if (
+        len(true_shape) == rank + 1
+        and true_shape[-1] == 1
+        and _shapes_match(true_shape[:-1], row_shape)
+    ):
+        return ops.squeeze(y_true, axis=-1)
+    if not _shapes_match(true_shape, row_shape):
+        pred = "" if pred_shape is None else f", y_pred.shape={pred_shape}"
+        raise ValueError(
+            "Expected integer labels of shape y_pred.shape[:-1] = "
+            f"{_static(row_shape)} (one label per row of logits). "
+            f"Received: y_true.shape={true_shape}{pred}. "
+            "For one-hot labels pass `label_mode='categorical'`."
+        )
+    return y_true
+
+
 def squeeze_int_labels(y_true, y_pred):
     """Checks integer labels against logits; drops a trailing unit axis."""
-    true_shape = tuple(y_true.shape)
     pred_shape = tuple(y_pred.shape)
     if len(pred_shape) < 1:
         raise ValueError(
             "Expected `y_pred` of shape [..., num_classes]. "
             f"Received: y_pred.shape={pred_shape}"
         )
-    if (
-        len(true_shape) == len(pred_shape)
-        and true_shape[-1] == 1
-        and _shapes_match(true_shape[:-1], pred_shape[:-1])
+    return _label_rows(y_true, pred_shape[:-1], pred_shape)
+
+
+def rows_rank(sample_weight, row_shape):
+    """Sample weights with the rank of the rows, to broadcast against them.
+
+    `[batch]` weights weight every row of a sample (every token of a
+    sentence); a trailing unit axis is dropped, as Keras does. Sizes that
+    are known must match the rows'; else a `ValueError`.
+    """
+    weight = ops.convert_to_tensor(sample_weight)
+    received = tuple(weight.shape)
+    rank = len(row_shape)
+    while len(weight.shape) > rank and weight.shape[-1] == 1:
+        weight = ops.squeeze(weight, axis=-1)
+    weight_shape = tuple(weight.shape)
+    if len(weight_shape) > rank or not _shapes_match(
+        weight_shape, tuple(row_shape)[: len(weight_shape)]
     ):
-        y_true = ops.squeeze(y_true, axis=-1)
-        true_shape = true_shape[:-1]
-    if not _shapes_match(true_shape, pred_shape[:-1]):
+        rows = _static(row_shape)
+        expected = f"{rows} (one weight per row of logits)"
+        if rank > 1:
+            expected = f"{rows[:1]} (one per sample) or {expected}"
         raise ValueError(
-            "Expected integer labels of shape y_pred.shape[:-1] = "
-            f"{pred_shape[:-1]} (one label per row of logits). Received: "
-            f"y_true.shape={true_shape}, y_pred.shape={pred_shape}. "
-            "For one-hot labels pass `label_mode='categorical'`."
+            f"Expected `sample_weight` of shape {expected}. Received: "
+            f"sample_weight.shape={received}"
         )
-    return y_true
+    while len(weight.shape) < rank:
+        weight = ops.expand_dims(weight, -1)
+    return weight
 
 
 def check_same_shape(y_true, y_pred, what):
@@ -232,6 +280,29 @@ def _int_labels(y_true, y_pred, ignore_class):
     return labels
 
 
+def _check_one_hot(y_true):
+    """One-hot labels: 0 or 1, one 1 per row (on concrete values)."""
+    if not is_concrete(y_true):
+        return
+    expected = (
+        "one-hot labels with `label_mode='categorical'` (1 for the target "
+        "class, 0 for the others)"
+    )
+    check_values(
+        y_true,
+        ops.logical_and(ops.not_equal(y_true, 0), ops.not_equal(y_true, 1)),
+        expected,
+        "values other than 0 and 1",
+    )
+    ones = ops.sum(ops.cast(ops.equal(y_true, 1), "int32"), axis=-1)
+    check_values(
+        ones,
+        ops.not_equal(ones, 1),
+        expected,
+        "rows whose number of 1s is not 1",
+    )
+
+
 def prepare_multiclass(y_true, y_pred, from_logits, label_mode, ignore_class):
     """Checks and standardizes multi-class inputs.
 
@@ -249,6 +320,7 @@ def prepare_multiclass(y_true, y_pred, from_logits, label_mode, ignore_class):
     logits = to_logits(y_pred, from_logits)
     if label_mode == "categorical":
         check_same_shape(y_true, y_pred, "one-hot")
+        _check_one_hot(y_true)
         labels = ops.cast(ops.argmax(y_true, axis=-1), "int32")
     else:
         labels = _int_labels(y_true, y_pred, ignore_class)
@@ -301,7 +373,7 @@ def valid_rows(y_true, row_shape, ignore_class):
     or `None` when `ignore_class` is `None`."""
     if ignore_class is None:
         return None
-    labels = ops.reshape(ops.convert_to_tensor(y_true), row_shape)
+    labels = _label_rows(ops.convert_to_tensor(y_true), row_shape)
     return ops.not_equal(ops.cast(labels, "int32"), ignore_class)
 
 

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_as_softmax import _validation
 from keras_as_softmax.losses import _common
 from keras_as_softmax.losses._base import PerRowLoss
 from keras_as_softmax.losses._base import label_kwargs
@@ -216,6 +217,6 @@ class ASSoftmaxLoss(PerRowLoss):
             name=name,
             dtype=dtype,
             delta=_common.delta_variable(delta),
-            from_logits=bool(from_logits),
+            from_logits=_validation.check_bool(from_logits, "from_logits"),
             **label_kwargs(label_mode, ignore_class),
         )

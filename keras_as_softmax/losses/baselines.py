@@ -364,12 +364,9 @@ class SparseSoftmaxLoss(PerRowLoss):
             name=name,
             dtype=dtype,
             k=_validation.check_int(k, "k"),
-            from_logits=bool(from_logits),
+            from_logits=_validation.check_bool(from_logits, "from_logits"),
             **label_kwargs(label_mode, ignore_class),
         )
-
-    def _fn_kwargs(self):
-        return {"k": self.k}
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -387,7 +384,7 @@ class AMSoftmaxLoss(PerRowLoss):
 
     Args:
         scale: `s` > 0. Defaults to `10.0`.
-        margin: `m`. Defaults to `0.3`.
+        margin: `m` >= 0. Defaults to `0.3`.
         from_logits: whether `y_pred` holds logits. Defaults to `True`.
         label_mode: `"int"` or `"categorical"`. Defaults to `"int"`.
         ignore_class: optional int label to ignore. Defaults to `None`.
@@ -425,13 +422,10 @@ class AMSoftmaxLoss(PerRowLoss):
             name=name,
             dtype=dtype,
             scale=_validation.check_positive(scale, "scale"),
-            margin=float(margin),
-            from_logits=bool(from_logits),
+            margin=_validation.check_non_negative(margin, "margin"),
+            from_logits=_validation.check_bool(from_logits, "from_logits"),
             **label_kwargs(label_mode, ignore_class),
         )
-
-    def _fn_kwargs(self):
-        return {"scale": self.scale, "margin": self.margin}
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -479,12 +473,9 @@ class TemperatureSoftmaxLoss(PerRowLoss):
             name=name,
             dtype=dtype,
             temperature=_validation.check_positive(temperature, "temperature"),
-            from_logits=bool(from_logits),
+            from_logits=_validation.check_bool(from_logits, "from_logits"),
             **label_kwargs(label_mode, ignore_class),
         )
-
-    def _fn_kwargs(self):
-        return {"temperature": self.temperature}
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")

@@ -37,6 +37,7 @@ from keras import ops
 
 from keras_as_softmax.filters.base import Seen
 from keras_as_softmax.filters.base import View
+from keras_as_softmax.losses._common import rows_rank
 from keras_as_softmax.losses._common import valid_rows
 from keras_as_softmax.training import _queue
 
@@ -97,11 +98,7 @@ def row_values(loss, y, y_pred, margin=0.0):
 
 
 def _to_rows(weight, rows):
-    weight = ops.convert_to_tensor(weight)
-    while len(weight.shape) > len(rows.shape):
-        weight = ops.squeeze(weight, -1)
-    while len(weight.shape) < len(rows.shape):
-        weight = ops.expand_dims(weight, -1)
+    weight = rows_rank(weight, rows.shape)
     return ops.cast(weight, "float32") * ops.ones_like(rows, "float32")
 
 

@@ -134,10 +134,11 @@ def window_mean(state, divisor=1):
 def end_window_where(due, state, rule):
     """The state with the window ended where the bool scalar `due` holds:
     counts reset, sums marked as holding no gradients of the new window,
-    and `steps` set by `rule(steps, rows, masked_rows)`; as it was
-    elsewhere. Arithmetic selection on scalars: the sums are not touched,
-    so a compiled step neither rewrites nor copies them."""
-    steps = ops.cast(rule(state.steps, state.rows, state.masked_rows), "int32")
+    and `steps` set by `rule(steps, rows, masked_rows)` (at least 1); as
+    it was elsewhere. Arithmetic selection on scalars: the sums are not
+    touched, so a compiled step neither rewrites nor copies them."""
+    steps = rule(state.steps, state.rows, state.masked_rows)
+    steps = ops.maximum(ops.cast(steps, "int32"), 1)
     return state._replace(
         micro_batches=ops.where(due, 0, state.micro_batches),
         rows=ops.where(due, 0.0, state.rows),

@@ -206,6 +206,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self._create_state()
         self.built = True
 
+    def _lock_state(self):
+        # Like Keras's functional models, stays open to new state after
+        # `build()`: the filters' queues are created by the first `fit()`,
+        # once it knows the batch's shape.
+        pass
+
     def _state(self, name, dtype, shape=(), initializer="zeros"):
         # Under tf.distribute every replica writes the same all-reduced
         # values, so the first replica's write is the one kept.
@@ -391,12 +397,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         inputs, _ = filters_lib.split_sample_ids(inputs)
         return self.inner_model(inputs, training=training)
 
-    def compile(self, optimizer="rmsprop", **kwargs):
+    def compile(self, optimizer="rmsprop", loss=None, **kwargs):
         """`keras.Model.compile`, with the optimizer wrapped in a
         `keras_as_softmax.AccumulatingOptimizer` that follows the paper's
         rule (`AdaptiveSteps(lam, max_steps)`); an `AccumulatingOptimizer`
         passed in is kept as it is."""
-        super().compile(optimizer=optimizer, **kwargs)
+        super().compile(optimizer=optimizer, loss=loss, **kwargs)
         if self.optimizer is not None and not isinstance(
             self.optimizer, AccumulatingOptimizer
         ):
@@ -484,8 +490,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         """What `fit()` checks before the first batch: the loss, the
         filters' needs, the devices. Raises one `ValueError` naming what was
         expected and what came."""
-        if self.optimizer is None:
-            raise ValueError("Call `compile()` before `fit()`.")
+        if not getattr(self, "compiled", False):
+            raise ValueError(
+                "Call `compile()` on the ASSpeed model before `fit()` (it "
+                "compiles its own loss and optimizer, not the wrapped "
+                "model's)."
+            )
         loss = self.loss
         if self.masked_outputs:
             self._check_masked_outputs(loss)
@@ -498,6 +508,28 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "`ASSpeed(..., masked_outputs=[...])`. "
                 f"Received: loss={loss!r}"
             )
+        else:
+            outputs = list(
+                getattr(self.inner_model, "output_names", None) or []
+            )
+            if len(outputs) > 1:
+                raise ValueError(
+                    "ASSpeed counts masked rows of one loss. For a model with "
+                    "several outputs, compile a dict of losses, one per "
+                    "output, and name the outputs whose AS loss counts with "
+                    "`ASSpeed(..., masked_outputs=[...])`. Received: one "
+                    f"loss, {loss!r}, for the outputs {outputs}"
+                )
+        for f in self.sample_filters:
+            if f.needs_masking_loss and not isinstance(loss, _MASKING_LOSSES):
+                raise ValueError(
+                    f"{type(f).__name__} skips the samples whose loss is "
+                    "exactly 0, which only an AS loss gives "
+                    "(keras_as_softmax.ASSoftmaxLoss or "
+                    "MultiLabelASSoftmaxLoss). With another loss, "
+                    "SelectiveBackprop or InfoBatch select samples. "
+                    f"Received: loss={loss!r}"
+                )
         if self.sample_filters and loss.reduction not in _FILTER_REDUCTIONS:
             raise ValueError(
                 "A sample filter reweights per-row losses, which needs the "
@@ -714,6 +746,13 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 x, is_dataset, last_seen.num_samples, steps_per_epoch
             )
         batch = int(np.shape(keras.tree.flatten(inputs)[0])[0])
+        if ids is not None and tuple(np.shape(ids)) != (batch,):
+            raise ValueError(
+                f"Expected one sample id per sample: ids of shape ({batch},) "
+                f"in a batch of {batch}. Received: ids of shape "
+                f"{tuple(np.shape(ids))}. (index_dataset numbers the "
+                "elements of an unbatched dataset: call it before `batch`.)"
+            )
         replicas = self._replicas()
         if batch % replicas:
             raise ValueError(
@@ -755,9 +794,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             "leaves": [[list(s), d] for s, d in leaves],
         }
         if self._filter_spec is not None and self._filter_spec != spec:
+            built = self._filter_spec
+            differ = [k for k in spec if spec[k] != built.get(k)]
             raise ValueError(
-                "ASSpeed's filter queues were built for batches of another "
-                f"shape. Expected: {self._filter_spec}. Received: {spec}"
+                "ASSpeed's filter queues were built by the first `fit()` for "
+                "its batches; later fits need batches of the same shapes. "
+                "Expected: "
+                + ", ".join(f"{k}={built.get(k)}" for k in differ)
+                + ". Received: "
+                + ", ".join(f"{k}={spec[k]}" for k in differ)
             )
         self._create_filter_state(spec)
 
@@ -954,17 +999,19 @@ def _dtype(a):
 def _output_names(masked_outputs):
     if masked_outputs is None:
         return None
-    names = (
-        [masked_outputs]
-        if isinstance(masked_outputs, str)
-        else list(masked_outputs)
-    )
-    if not names or not all(isinstance(n, str) for n in names):
+    names = masked_outputs
+    if isinstance(names, str):
+        names = [names]
+    if (
+        not isinstance(names, (list, tuple))
+        or not names
+        or not all(isinstance(n, str) for n in names)
+    ):
         raise ValueError(
             "Expected `masked_outputs` to be an output name or a non-empty "
             f"list of them. Received: masked_outputs={masked_outputs!r}"
         )
-    return names
+    return list(names)
 
 
 def _pick(structure, name, names):
