@@ -549,7 +549,9 @@ def test_bad_arguments():
     model = make_model()
     model.compile("sgd", kas.ASSoftmaxLoss())
     warmup = kas.DeltaWarmup(losses=[keras.losses.MeanSquaredError()])
-    with pytest.raises(ValueError, match="Received: losses=.*mean_squared_error"):
+    with pytest.raises(
+        ValueError, match="Received: losses=.*mean_squared_error"
+    ):
         model.fit(*data(8), verbose=0, callbacks=[warmup])
 
 

@@ -700,6 +700,29 @@ def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
     )
     # Prediction and evaluation also take inputs with ids.
     loaded.evaluate(filters.with_sample_ids(x), y, verbose=0)
+    # A weights file loads into a new ASSpeed before its first fit, the
+    # queues included, and training goes on.
+    weights = str(tmp_path / "filtered.weights.h5")
+    wrapped.save_weights(weights)
+    fresh = kas.ASSpeed(
+        small_model(),
+        sample_filter=[
+            filters.SkipMaskedLastSeen.from_config(f.get_config()),
+            filters.SkipMasked.from_config(skip.get_config()),
+        ],
+    )
+    fresh.load_weights(weights)
+    assert len(fresh.weights) == len(wrapped.weights)
+    for a, b in zip(wrapped.weights, fresh.weights, strict=True):
+        np.testing.assert_array_equal(
+            ops.convert_to_numpy(a), ops.convert_to_numpy(b)
+        )
+    fresh.compile(
+        optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=jit_compile
+    )
+    fresh.fit(filters.with_sample_ids(x), y, batch_size=8, verbose=0)
+    with pytest.raises(ValueError, match="queues of an ASSpeed with sample"):
+        kas.ASSpeed(small_model()).load_weights(weights)
 
 
 def test_resume_mid_epoch_keeps_filters_and_memory(tmp_path):

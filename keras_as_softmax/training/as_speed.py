@@ -1,6 +1,7 @@
 """`ASSpeed`: the model wrapper, its checks, and its state."""
 
 import contextlib
+import json
 import sys
 
 import keras
@@ -21,6 +22,8 @@ from keras_as_softmax.training.accumulation import AdaptiveSteps
 from keras_as_softmax.training.optimizer import AccumulatingOptimizer
 
 _BACKEND = keras.backend.backend()
+# The filter queues' layout, kept beside the weights (`save_own_variables`).
+_FILTER_SPEC_KEY = "filter_spec"
 if _BACKEND == "tensorflow":
     from keras_as_softmax.training._tensorflow import ASSpeedTrainer
     from keras_as_softmax.training._tensorflow import is_multi_worker
@@ -895,6 +898,36 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             masked_outputs=self.masked_outputs,
         )
         return config
+
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        if self._filter_spec is not None:
+            # So that weights files (`save_weights`, `ModelCheckpoint`) load
+            # into a new ASSpeed before its first fit creates the queues.
+            spec = json.dumps(self._filter_spec).encode()
+            store[_FILTER_SPEC_KEY] = np.frombuffer(spec, "uint8")
+
+    def load_own_variables(self, store):
+        keys = list(store.keys())
+        if _FILTER_SPEC_KEY in keys:
+            if not self.sample_filters:
+                raise ValueError(
+                    "These weights hold the queues of an ASSpeed with sample "
+                    "filters. Expected an ASSpeed with the same filters. "
+                    "Received: sample_filter=None"
+                )
+            spec = bytes(np.asarray(store[_FILTER_SPEC_KEY], "uint8"))
+            spec = json.loads(spec.decode())
+            if self._filter_spec is None:
+                self._create_filter_state(spec)
+            elif spec != self._filter_spec:
+                raise ValueError(
+                    "These weights hold filter queues built for batches of "
+                    f"other shapes. Expected: {self._filter_spec}. "
+                    f"Received: {spec}"
+                )
+            store = {k: store[k] for k in keys if k != _FILTER_SPEC_KEY}
+        super().load_own_variables(store)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
