@@ -420,6 +420,32 @@ def test_batch_normalization_updates_statistics_every_micro_batch():
     )
 
 
+def test_keras_masks_need_ignore_class():
+    """ASSpeed counts rows by their labels: a model whose output carries a
+    Keras mask trains under it once the masked positions are labelled
+    `ignore_class`, and is refused without it."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 20, (16, 5))
+    tokens[:, 3:] = 0  # padding, masked by the embedding
+    y = rng.integers(0, 3, (16, 5))
+    y[tokens == 0] = -1
+
+    def fit(loss, sample_filter=None):
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((5,), dtype="int32")
+        hidden = keras.layers.Embedding(20, 4, mask_zero=True)(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(3)(hidden))
+        wrapped = kas.ASSpeed(model, sample_filter=sample_filter)
+        wrapped.compile(optimizer="adam", loss=loss, jit_compile=JIT)
+        return wrapped.fit(tokens, y, batch_size=8, verbose=0).history
+
+    with pytest.raises(ValueError, match="Keras masks.*ignore_class"):
+        fit(kas.ASSoftmaxLoss(0.3))
+    with pytest.raises(ValueError, match="Keras masks"):
+        fit(kas.ASSoftmaxLoss(0.3), kas.filters.SkipMasked())
+    assert "masked_ratio" in fit(kas.ASSoftmaxLoss(0.3, ignore_class=-1))
+
+
 def test_token_classification_counts_only_real_tokens():
     keras.utils.set_random_seed(3)
     inputs = keras.Input((5, 6))

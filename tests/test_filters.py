@@ -1008,6 +1008,34 @@ def test_selective_backprop_trains_its_share_of_any_loss(jit_compile):
     assert logs["trained_fraction"] == [1.0, 0.5, 0.5]
     assert logs["scored_fraction"] == [0.0, 1.0, 1.0]
     assert logs["accum_steps"][-1] == 1
+    # From a dataset whose batch size the traced step does not know (no
+    # `drop_remainder`): the same training as from arrays.
+    import tensorflow as tf
+
+    weights = []
+    for data in (
+        (x, y),
+        (tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat(),),
+    ):
+        f = filters.SelectiveBackprop(keep=0.5, seed=3)
+        wrapped = kas.ASSpeed(small_model(), max_steps=1, sample_filter=f)
+        wrapped.compile(
+            optimizer=keras.optimizers.Adam(0.03),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=jit_compile,
+        )
+        kwargs = {"batch_size": 8} if len(data) == 2 else {}
+        wrapped.fit(
+            *data,
+            epochs=3,
+            steps_per_epoch=8,
+            shuffle=False,
+            verbose=0,
+            **kwargs,
+        )
+        weights.append([ops.convert_to_numpy(w) for w in wrapped.weights])
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("pair", [False, True], ids=["skip", "pair"])

@@ -80,10 +80,14 @@ class SelectiveBackprop(ScoringFilter):
     def select(self, view, state):
         loss = view.sample_loss
         size = ops.shape(loss)[0]
-        kept = max(1, round(self.keep * size))
+        n = ops.cast(size, "float32")
+        if isinstance(size, int):
+            kept = max(1, round(self.keep * size))
+        else:  # a batch size known only when the step runs
+            kept = ops.maximum(ops.cast(ops.round(self.keep * n), "int32"), 1)
         order = ops.argsort(loss)
         rank = ops.cast(ops.argsort(order), "float32")
-        percentile = (rank + 0.5) / size
+        percentile = (rank + 0.5) / n
         log_p = (1.0 / self.keep - 1.0) * ops.log(percentile)
         # Gumbel top-k: the `kept` largest keys are a draw without
         # replacement with probabilities proportional to `exp(log_p)`.
@@ -91,7 +95,7 @@ class SelectiveBackprop(ScoringFilter):
         keys = log_p - ops.log(-ops.log(uniform))
         threshold = ops.sort(keys)[size - kept]
         keep = keys >= threshold
-        return keep, ops.full((size,), size / kept, "float32")
+        return keep, ops.full((size,), n / ops.cast(kept, "float32"))
 
     def get_config(self):
         return {

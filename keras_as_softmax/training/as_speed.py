@@ -94,8 +94,18 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     `trained_fraction` (the share of drawn batches that a training pass
     stood for) and, with a scoring filter, `scored_fraction` (the share
     that a scoring pass stood for). The training loss and metrics cover
-    the drawn batches: with a scoring filter they come from the scoring
-    pass where it ran.
+    the drawn batches where a scoring filter scored them (from the scoring
+    pass; the loss without regularization penalties); else the samples a
+    training pass ran on, which a memory filter alone or first chooses:
+    the harder ones, revisits weighted `1 / revisit`. Watch validation
+    metrics, not those, to judge overfitting or to stop early.
+
+    Rows that count are told by their labels (`ignore_class`), not by
+    Keras masks: a model whose output carries one (`Embedding(...,
+    mask_zero=True)`) is refused without `ignore_class`. On TensorFlow an
+    embedding's sparse gradient is summed dense, so Adam's moments decay
+    on every row, as Keras's do on JAX and PyTorch (Keras's own TensorFlow
+    step updates only the rows in the batch).
 
     Supported: one output, or several with `masked_outputs`; TensorFlow
     (eager, graph, `jit_compile=True`, `tf.distribute.MirroredStrategy`,
@@ -523,6 +533,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     "`ASSpeed(..., masked_outputs=[...])`. Received: one "
                     f"loss, {loss!r}, for the outputs {outputs}"
                 )
+        self._check_no_keras_mask()
         for f in self.sample_filters:
             if f.needs_masking_loss and not isinstance(loss, _MASKING_LOSSES):
                 raise ValueError(
@@ -549,6 +560,32 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     "Expected sample_filter=None under "
                     "MultiWorkerMirroredStrategy. Received: "
                     f"sample_filter={self.sample_filters!r}"
+                )
+
+    def _check_no_keras_mask(self):
+        """ASSpeed tells the rows that count by their labels
+        (`ignore_class`): a Keras mask on an output (`Embedding(...,
+        mask_zero=True)`, `Masking`) would be left out of its counts and
+        of the filters' passes. Functional and sequential models show
+        their masks; a subclassed model's are not seen."""
+        outputs = getattr(self.inner_model, "outputs", None) or []
+        names = list(getattr(self.inner_model, "output_names", None) or [])
+        for i, output in enumerate(outputs):
+            if getattr(output, "_keras_mask", None) is None:
+                continue
+            name = names[i] if i < len(names) else None
+            loss = self.loss
+            if isinstance(loss, (dict, list, tuple)) and name in names:
+                loss = _pick(loss, name, names)
+            if getattr(loss, "ignore_class", None) is None:
+                raise ValueError(
+                    "ASSpeed counts the rows of a batch by their labels, not "
+                    f"by Keras masks, and output {name!r} carries one "
+                    "(from `Embedding(mask_zero=True)` or `Masking`). "
+                    "Expected the masked positions labelled with a class to "
+                    "ignore, and the loss told so, e.g. "
+                    "keras_as_softmax.ASSoftmaxLoss(ignore_class=-1). "
+                    f"Received: loss={loss!r} without `ignore_class`"
                 )
 
     def _check_masked_outputs(self, loss):
