@@ -92,6 +92,10 @@ def test_rules_are_plug_ins():
         accumulation.as_rule(0)
     with pytest.raises(ValueError, match="lam"):
         kas.AdaptiveSteps(lam=0.0)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):
+        kas.AccumulatingOptimizer(
+            keras.optimizers.SGD(gradient_accumulation_steps=2), 2
+        )
 
 
 # ------------------------------------------------- the accumulating optimizer

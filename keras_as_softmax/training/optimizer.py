@@ -58,6 +58,14 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
                 "Expected `inner_optimizer` to be a keras.optimizers."
                 f"Optimizer. Received: inner_optimizer={inner_optimizer!r}"
             )
+        inner_steps = getattr(inner_optimizer, "gradient_accumulation_steps", 0)
+        if inner_steps and inner_steps > 1:
+            raise ValueError(
+                "The window accumulates the gradients: its inner optimizer "
+                "would accumulate again. Expected an inner optimizer without "
+                "`gradient_accumulation_steps` (use `steps_rule`). Received: "
+                f"gradient_accumulation_steps={inner_steps}"
+            )
         self.inner_optimizer = inner_optimizer
         self.steps_rule = accumulation.as_rule(steps_rule)
 
