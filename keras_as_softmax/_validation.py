@@ -77,45 +77,26 @@ def check_fraction(value, name):
     return float(value)
 
 
-def check_positive(value, name):
-    """Checks a finite number > 0.
+def check_positive(value, name, allow_zero=False):
+    """Checks a finite number > 0 (>= 0 with `allow_zero`).
 
     Args:
         value: the argument.
         name: the argument's name, for the error message.
+        allow_zero: whether 0 passes. Defaults to `False`.
 
     Returns:
         `value` as a Python `float`.
     """
+    bound = ">= 0" if allow_zero else "> 0"
     if (
         not _is_number(value)
         or not math.isfinite(float(value))
-        or not float(value) > 0.0
+        or float(value) < 0.0
+        or (float(value) == 0.0 and not allow_zero)
     ):
         raise ValueError(
-            f"Expected `{name}` to be a finite number > 0. "
-            f"Received: {name}={value!r}"
-        )
-    return float(value)
-
-
-def check_non_negative(value, name):
-    """Checks a finite number >= 0.
-
-    Args:
-        value: the argument.
-        name: the argument's name, for the error message.
-
-    Returns:
-        `value` as a Python `float`.
-    """
-    if (
-        not _is_number(value)
-        or not math.isfinite(float(value))
-        or not float(value) >= 0.0
-    ):
-        raise ValueError(
-            f"Expected `{name}` to be a finite number >= 0. "
+            f"Expected `{name}` to be a finite number {bound}. "
             f"Received: {name}={value!r}"
         )
     return float(value)

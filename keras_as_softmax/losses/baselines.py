@@ -422,7 +422,9 @@ class AMSoftmaxLoss(PerRowLoss):
             name=name,
             dtype=dtype,
             scale=_validation.check_positive(scale, "scale"),
-            margin=_validation.check_non_negative(margin, "margin"),
+            margin=_validation.check_positive(
+                margin, "margin", allow_zero=True
+            ),
             from_logits=_validation.check_bool(from_logits, "from_logits"),
             **label_kwargs(label_mode, ignore_class),
         )
