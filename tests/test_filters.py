@@ -723,6 +723,11 @@ def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
     fresh.fit(filters.with_sample_ids(x), y, batch_size=8, verbose=0)
     with pytest.raises(ValueError, match="queues of an ASSpeed with sample"):
         kas.ASSpeed(small_model()).load_weights(weights)
+    other = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
+    other.compile(optimizer="adam", loss=kas.ASSoftmaxLoss(0.3))
+    other.fit(x, y, batch_size=16, verbose=0)
+    with pytest.raises(ValueError, match="Expected: batch_size=16.*=8"):
+        other.load_weights(weights)
 
 
 def test_resume_mid_epoch_keeps_filters_and_memory(tmp_path):

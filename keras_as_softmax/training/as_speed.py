@@ -834,15 +834,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             "leaves": [[list(s), d] for s, d in leaves],
         }
         if self._filter_spec is not None and self._filter_spec != spec:
-            built = self._filter_spec
-            differ = [k for k in spec if spec[k] != built.get(k)]
             raise ValueError(
                 "ASSpeed's filter queues were built by the first `fit()` for "
                 "its batches; later fits need batches of the same shapes. "
-                "Expected: "
-                + ", ".join(f"{k}={built.get(k)}" for k in differ)
-                + ". Received: "
-                + ", ".join(f"{k}={spec[k]}" for k in differ)
+                + _spec_difference(self._filter_spec, spec)
             )
         self._create_filter_state(spec)
 
@@ -960,8 +955,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             elif spec != self._filter_spec:
                 raise ValueError(
                     "These weights hold filter queues built for batches of "
-                    f"other shapes. Expected: {self._filter_spec}. "
-                    f"Received: {spec}"
+                    "other shapes. " + _spec_difference(self._filter_spec, spec)
                 )
             store = {k: store[k] for k in keys if k != _FILTER_SPEC_KEY}
         super().load_own_variables(store)
@@ -1063,6 +1057,18 @@ class _EpochSchedule(keras.callbacks.Callback):
 def _dtype(a):
     return keras.backend.standardize_dtype(
         a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
+    )
+
+
+def _spec_difference(expected, received):
+    """ "Expected: ... Received: ..." over the entries of two filter specs
+    that differ (`batch_size=8`, the queued leaves' shapes)."""
+    keys = [k for k in received if received[k] != expected.get(k)]
+    return (
+        "Expected: "
+        + ", ".join(f"{k}={expected.get(k)}" for k in keys)
+        + ". Received: "
+        + ", ".join(f"{k}={received[k]}" for k in keys)
     )
 
 
