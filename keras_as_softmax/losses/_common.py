@@ -210,6 +210,16 @@ def check_values(values, bad, expected, received):
         )
 
 
+def check_zero_one(labels, expected):
+    """Labels of 0s and 1s (one-hot, multi-hot), on concrete values."""
+    check_values(
+        labels,
+        ops.logical_and(ops.not_equal(labels, 0), ops.not_equal(labels, 1)),
+        expected,
+        "values other than 0 and 1",
+    )
+
+
 def _check_label_range(labels, num_classes, ignore_class):
     bad = ops.logical_or(
         ops.less(labels, 0), ops.greater_equal(labels, num_classes)
@@ -288,12 +298,7 @@ def _check_one_hot(y_true):
         "one-hot labels with `label_mode='categorical'` (1 for the target "
         "class, 0 for the others)"
     )
-    check_values(
-        y_true,
-        ops.logical_and(ops.not_equal(y_true, 0), ops.not_equal(y_true, 1)),
-        expected,
-        "values other than 0 and 1",
-    )
+    check_zero_one(y_true, expected)
     ones = ops.sum(ops.cast(ops.equal(y_true, 1), "int32"), axis=-1)
     check_values(
         ones,

@@ -13,11 +13,9 @@ def _prepare_multilabel(y_true, y_pred):
     y_true = ops.convert_to_tensor(y_true)
     y_pred = ops.convert_to_tensor(y_pred)
     _common.check_same_shape(y_true, y_pred, "multi-hot")
-    _common.check_values(
+    _common.check_zero_one(
         y_true,
-        ops.logical_and(ops.not_equal(y_true, 0), ops.not_equal(y_true, 1)),
         "multi-hot labels (1 for a positive class, 0 for a negative one)",
-        "values other than 0 and 1",
     )
     logits = _common.to_logits(y_pred, from_logits=True)
     positive = ops.greater(ops.cast(y_true, logits.dtype), 0.5)

@@ -533,7 +533,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     "`ASSpeed(..., masked_outputs=[...])`. Received: one "
                     f"loss, {loss!r}, for the outputs {outputs}"
                 )
-        self._check_no_keras_mask()
+        self._check_no_keras_mask(loss)
         for f in self.sample_filters:
             if f.needs_masking_loss and not isinstance(loss, _MASKING_LOSSES):
                 raise ValueError(
@@ -562,7 +562,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     f"sample_filter={self.sample_filters!r}"
                 )
 
-    def _check_no_keras_mask(self):
+    def _check_no_keras_mask(self, loss):
         """ASSpeed tells the rows that count by their labels
         (`ignore_class`): a Keras mask on an output (`Embedding(...,
         mask_zero=True)`, `Masking`) would be left out of its counts and
@@ -574,10 +574,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             if getattr(output, "_keras_mask", None) is None:
                 continue
             name = names[i] if i < len(names) else None
-            loss = self.loss
+            output_loss = loss
             if isinstance(loss, (dict, list, tuple)) and name in names:
-                loss = _pick(loss, name, names)
-            if getattr(loss, "ignore_class", None) is None:
+                output_loss = _pick(loss, name, names)
+            if getattr(output_loss, "ignore_class", None) is None:
                 raise ValueError(
                     "ASSpeed counts the rows of a batch by their labels, not "
                     f"by Keras masks, and output {name!r} carries one "
@@ -585,7 +585,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     "Expected the masked positions labelled with a class to "
                     "ignore, and the loss told so, e.g. "
                     "keras_as_softmax.ASSoftmaxLoss(ignore_class=-1). "
-                    f"Received: loss={loss!r} without `ignore_class`"
+                    f"Received: loss={output_loss!r} without `ignore_class`"
                 )
 
     def _check_masked_outputs(self, loss):
