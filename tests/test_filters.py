@@ -2,6 +2,7 @@
 
 import sys
 import types
+import warnings
 
 import keras
 import numpy as np
@@ -405,12 +406,13 @@ def test_draws_are_uniform_and_a_function_of_seed_and_counter():
 # --------------------------------------------------------------- training
 
 
-def identity_model():
-    """Logits = inputs @ W with W = I at first, so the data picks the masks."""
+def identity_model(**regularizers):
+    """Logits = inputs @ W with W = I at first, so the data picks the masks;
+    `regularizers` go to the `Dense` layer."""
     inputs = keras.Input((NUM_CLASSES,))
-    outputs = keras.layers.Dense(NUM_CLASSES, kernel_initializer="identity")(
-        inputs
-    )
+    outputs = keras.layers.Dense(
+        NUM_CLASSES, kernel_initializer="identity", **regularizers
+    )(inputs)
     return keras.Model(inputs, outputs)
 
 
@@ -1071,13 +1073,22 @@ def test_default_filters_train_the_same_weights_every_time(pair):
             np.testing.assert_array_equal(a, b)
 
 
-def test_training_logs_cover_the_drawn_batches():
+@pytest.mark.filterwarnings("ignore:ASSpeed's sample filters skip")
+@pytest.mark.parametrize("penalties", [False, True])
+def test_training_logs_cover_the_drawn_batches(penalties):
     """With a scoring pass, the training loss and accuracy are those of
     the drawn batches, as a plain step's are, not of the hard samples that
-    a training pass ran on."""
+    a training pass ran on; the loss holds the regularization penalties
+    (a weight's and an activity's), as Keras's does."""
     x, y, _ = two_batches()
+    regularizers = {}
+    if penalties:
+        regularizers = {
+            "kernel_regularizer": keras.regularizers.L2(0.01),
+            "activity_regularizer": keras.regularizers.L1(0.001),
+        }
     wrapped = kas.ASSpeed(
-        identity_model(),
+        identity_model(**regularizers),
         sample_filter=filters.SkipMasked(0.0, warmup_epochs=0),
     )
     wrapped.compile(
@@ -1096,6 +1107,34 @@ def test_training_logs_cover_the_drawn_batches():
     # Evaluation runs no training pass: it reports no training shares.
     assert "trained_fraction" not in evaluated
     assert "scored_fraction" not in evaluated
+
+
+def test_fit_warns_that_penalties_act_in_training_passes_only():
+    """A regularization penalty is part of a training pass: with a filter
+    it acts on the batches a pass ran on. `fit` says so and names the
+    penalties; it says nothing of a model without any."""
+    x, y, _ = two_batches()
+
+    def fit(**regularizers):
+        wrapped = kas.ASSpeed(
+            identity_model(**regularizers),
+            sample_filter=filters.SkipMasked(0.0, warmup_epochs=0),
+        )
+        wrapped.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=kas.ASSoftmaxLoss(0.3),
+            jit_compile=JIT[0],
+        )
+        wrapped.fit(x, y, batch_size=4, epochs=1, verbose=0)
+
+    expected = r"weight_decay.*kernel \(regularizer\), .* \(activity_"
+    with pytest.warns(UserWarning, match=expected) as caught:
+        fit(kernel_regularizer="l2", activity_regularizer="l1")
+    assert caught[0].filename == __file__  # it points at the `fit` call
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit()
+    assert not [w for w in caught if "penalt" in str(w.message)]
 
 
 def _one_program_filters():

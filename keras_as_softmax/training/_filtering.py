@@ -13,8 +13,9 @@ their `select` and `observe` and never asks for their types.
 
 Every shape is static: the scoring and training passes run on exactly
 `batch_size` rows. The passes come in as `hooks` from the backend's
-trainer: `maybe_score(pred, x)` and `maybe_train(pred, x, y, coefficients)`
-run one behind a conditional and return zeros when `pred` is false, so a
+trainer: `maybe_score(pred, x)` (predictions and regularization penalty)
+and `maybe_train(pred, x, y, coefficients)` run one behind a conditional
+and return zeros when `pred` is false, so a
 conditional holds a pass and nothing else (the gathers of several
 replicas stay outside). A trainer that adds the training pass's gradients
 to the window's sums inside its branch returns `None` for them.
@@ -379,12 +380,12 @@ def filtered_step(
             go = ops.logical_and(go, ready)
         score_x = keras.tree.pack_sequence_as(x, rows.x)
         score_y = keras.tree.pack_sequence_as(y, rows.y)
-        y_pred = hooks.maybe_score(go, score_x)
+        y_pred, penalty = hooks.maybe_score(go, score_x)
         n_rows = ops.shape(rows.ids)[0]
         view, counted, masked, values = _scoring_view(
             loss, rows, score_y, y_pred, go, draws(i, n_rows), epoch, epochs
         )
-        scored_rows = (score_y, y_pred, rows, values)
+        scored_rows = (score_y, y_pred, rows, values, penalty)
         keep, weight = scoring_filter.select(view, states[i])
         keep, rows = _apply_weight(rows, go, keep, weight)
         if ready is not None:
@@ -440,12 +441,13 @@ def _output(
     weight)."""
     metric_y, metric_pred, metric_weight, value, loss_weight = train_out
     if scored_rows is not None:
-        score_y, score_pred, score_rows, score_values = scored_rows
+        score_y, score_pred, score_rows, score_values, penalty = scored_rows
         pick = lambda a, b: ops.where(go, a, b)  # noqa: E731
         metric_y = keras.tree.map_structure(pick, score_y, metric_y)
         metric_pred = pick(score_pred, metric_pred)
         metric_weight = pick(score_rows.metric_weight, metric_weight)
-        value = pick(ops.sum(score_rows.coefficients * score_values), value)
+        score_value = ops.sum(score_rows.coefficients * score_values)
+        value = pick(score_value + penalty, value)
         loss_weight = pick(1.0, loss_weight)
     return StepOutput(
         grads=grads,

@@ -57,13 +57,13 @@ class _Hooks:
         self.state = [self.non_trainable[i] for i in self.pass_index]
 
     def maybe_score(self, pred, x):
-        """The scoring pass's predictions if `pred`, else zeros."""
+        """`(y_pred, penalty)` of the scoring pass if `pred`, else zeros."""
 
         def skip(state, x):
-            return self._no_output(x), state
+            return (self._no_output(x), keras.ops.zeros((), "float32")), state
 
-        y_pred, self.state = jax.lax.cond(pred, self.score, skip, self.state, x)
-        return y_pred
+        scored, self.state = jax.lax.cond(pred, self.score, skip, self.state, x)
+        return scored
 
     def maybe_train(self, pred, x, y, coefficients):
         """`(None, y_pred, values, loss)` of the training pass if `pred`,
@@ -117,10 +117,11 @@ class _Hooks:
         `SkipMasked(score_training=False)`); only dropout's seed state
         advances (moving statistics stay as they were)."""
         model = self.model
-        y_pred, updated = model.stateless_call(
+        y_pred, updated, losses = model.stateless_call(
             self.trainable,
             self._full(state),
             x,
+            return_losses=True,
             training=model._score_training,
         )
         state = [
@@ -129,7 +130,7 @@ class _Hooks:
                 self._changed(updated), state, self.keep_after_scoring
             )
         ]
-        return y_pred, state
+        return (y_pred, _penalty(losses)), state
 
     def train(self, state, x, y, coefficients):
         model = self.model
@@ -143,9 +144,7 @@ class _Hooks:
                 trainable, non_trainable, x, return_losses=True, training=True
             )
             values = _filtering.row_values(model.loss, y, y_pred)
-            loss = keras.ops.sum(coefficients * values)
-            if losses:
-                loss = loss + sum(losses)
+            loss = keras.ops.sum(coefficients * values) + _penalty(losses)
             with keras.StatelessScope(state_mapping=optimizer_mapping):
                 scaled = model.optimizer.scale_loss(loss)
             return scaled, (loss, y_pred, values, updated)
@@ -154,6 +153,13 @@ class _Hooks:
             objective, has_aux=True
         )(self.trainable)
         return (grads, y_pred, values, loss), self._changed(updated)
+
+
+def _penalty(losses):
+    """The sum of a pass's regularization penalties (`model.losses`)."""
+    if not losses:
+        return keras.ops.zeros((), "float32")
+    return keras.ops.cast(sum(losses), "float32")
 
 
 class ASSpeedTrainer:

@@ -94,12 +94,18 @@ class _Hooks:
         self.context = context
 
     def maybe_score(self, pred, x):
-        """The scoring pass's predictions if `pred`, else zeros."""
+        """`(y_pred, penalty)` of the scoring pass if `pred`, else zeros.
+        Under several replicas the predictions are the global batch's and
+        the penalty the replicas' mean."""
         rows = self._local(x)
-        y_pred = tf.cond(
-            pred, lambda: self._score(rows), lambda: self._no_output(rows)
-        )
-        return self.gather(y_pred)
+
+        def skip():
+            return self._no_output(rows), tf.zeros((), "float32")
+
+        y_pred, penalty = tf.cond(pred, lambda: self._score(rows), skip)
+        if self.context is not None:
+            penalty = self.context.all_reduce("sum", penalty)
+        return self.gather(y_pred), penalty
 
     def maybe_train(self, pred, x, y, coefficients):
         """`(grads, y_pred, values, loss)` of the training pass if `pred`,
@@ -156,7 +162,8 @@ class _Hooks:
         `SkipMasked(score_training=False)`."""
         model = self.model
         if not model._score_training:
-            return tf.identity(model(x, training=False))
+            y_pred = model(x, training=False)
+            return tf.identity(y_pred), _penalty(model)
         saved_variables = [
             v
             for v in model.inner_model.non_trainable_variables
@@ -168,7 +175,7 @@ class _Hooks:
         with tf.control_dependencies(tf.nest.flatten(y_pred)):
             for v, value in zip(saved_variables, saved):
                 v.assign(value)
-        return tf.identity(y_pred)
+        return tf.identity(y_pred), _penalty(model)
 
     def _train_pass(self, x, y, coefficients):
         model = self.model
@@ -176,9 +183,7 @@ class _Hooks:
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
             values = _filtering.row_values(model.loss, y, y_pred)
-            loss = tf.reduce_sum(coefficients * values)
-            if model.losses:
-                loss += tf.cast(tf.add_n(model.losses), loss.dtype)
+            loss = tf.reduce_sum(coefficients * values) + _penalty(model)
             scaled = model.optimizer.scale_loss(loss)
         grads = _dense_grads(tape.gradient(scaled, variables), variables)
         return grads, y_pred, values, loss
@@ -189,6 +194,16 @@ class _Hooks:
         grads, y_pred, values, loss = self._train(x, y, coefficients)
         self.accumulate(grads)
         return y_pred, values, loss
+
+
+def _penalty(model):
+    """The pass's regularization penalties (`model.losses`) as Keras's own
+    step adds them: divided by the number of replicas, whose losses are
+    summed."""
+    penalty = tf.zeros((), "float32")
+    for loss in model.losses:
+        penalty += tf.cast(model._aggregate_additional_loss(loss), "float32")
+    return penalty
 
 
 def _maybe_xla(fn, model):

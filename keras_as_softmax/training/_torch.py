@@ -192,8 +192,10 @@ class _Hooks:
         self.model = model
 
     def maybe_score(self, pred, x):
-        """The scoring pass's predictions if `pred`, else zeros."""
-        return self.score(x) if bool(pred) else self.no_output(x)
+        """`(y_pred, penalty)` of the scoring pass if `pred`, else zeros."""
+        if bool(pred):
+            return self.score(x)
+        return self.no_output(x), keras.ops.zeros((), "float32")
 
     def maybe_train(self, pred, x, y, coefficients):
         """`train`'s results if `pred`, else zeros."""
@@ -216,9 +218,7 @@ class _Hooks:
             y_pred = model.inner_model(x, training=True)
             model.zero_grad()
             values = _filtering.row_values(model.loss, y, y_pred)
-            loss = torch.sum(coefficients * values)
-            if model.losses:
-                loss = loss + sum(model.losses).to(loss.dtype)
+            loss = torch.sum(coefficients * values) + _penalty(model)
             model.optimizer.scale_loss(loss).backward()
         grads = _gradients(variables)
         return grads, y_pred.detach(), values.detach(), loss.detach()
@@ -237,7 +237,8 @@ class _Hooks:
         `SkipMasked(score_training=False)`."""
         model = self.model
         if not model._score_training:
-            return model.inner_model(x, training=False)
+            y_pred = model.inner_model(x, training=False)
+            return y_pred, _penalty(model)
         saved_variables = [
             v
             for v in model.inner_model.non_trainable_variables
@@ -247,7 +248,15 @@ class _Hooks:
         y_pred = model.inner_model(x, training=True)
         for v, value in zip(saved_variables, saved):
             v.assign(value)
-        return y_pred
+        return y_pred, _penalty(model)
+
+
+def _penalty(model):
+    """The sum of the last pass's regularization penalties
+    (`model.losses`)."""
+    if not model.losses:
+        return keras.ops.zeros((), "float32")
+    return sum(model.losses).to(torch.float32)
 
 
 class ASSpeedTrainer:

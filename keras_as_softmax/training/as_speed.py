@@ -3,6 +3,7 @@
 import contextlib
 import json
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -809,6 +810,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             inputs, _ = filters_lib.split_sample_ids(first_x)
         if not self.built:
             self.build(keras.tree.map_structure(np.shape, inputs))
+        self._warn_of_penalties()
         output = self.inner_model.compute_output_spec(
             keras.tree.map_structure(
                 lambda a: keras.KerasTensor(np.shape(a), _dtype(a)), inputs
@@ -840,6 +842,31 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 + _spec_difference(self._filter_spec, spec)
             )
         self._create_filter_state(spec)
+
+    def _warn_of_penalties(self):
+        """Regularization penalties enter the training passes only: with
+        a filter they act on fewer batches than without one."""
+        named = [
+            f"{v.path} (regularizer)"
+            for v in self.inner_model.trainable_weights
+            if getattr(v, "regularizer", None) is not None
+        ] + [
+            f"{layer.name} (activity_regularizer)"
+            for layer in self.inner_model._flatten_layers()
+            if getattr(layer, "activity_regularizer", None) is not None
+        ]
+        if named:
+            warnings.warn(
+                "ASSpeed's sample filters skip the passes of masked samples, "
+                "and the regularization penalties with them: a penalty acts "
+                "on the batches a training pass ran on (`trained_fraction` "
+                "of them), not on every batch as without a filter. "
+                "For weight decay on every update, use the optimizer's "
+                "`weight_decay` (e.g. keras.optimizers.AdamW). Penalties "
+                f"found: {', '.join(named[:4])}"
+                + (f" and {len(named) - 4} more" if len(named) > 4 else ""),
+                stacklevel=4,
+            )
 
     @staticmethod
     def _check_ids(x, is_dataset, num_samples, steps_per_epoch):
