@@ -96,10 +96,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     stood for) and, with a scoring filter, `scored_fraction` (the share
     that a scoring pass stood for). The training loss and metrics cover
     the drawn batches where a scoring filter scored them (from the scoring
-    pass; the loss without regularization penalties); else the samples a
+    pass, regularization penalties included); else the samples a
     training pass ran on, which a memory filter alone or first chooses:
     the harder ones, revisits weighted `1 / revisit`. Watch validation
     metrics, not those, to judge overfitting or to stop early.
+
+    Regularization penalties (`kernel_regularizer`, `add_loss`) are part
+    of a training pass: with a filter they act on the batches a pass ran
+    on, a `trained_fraction` of those drawn, and `fit` warns of the ones
+    it sees. An optimizer's `weight_decay` acts on every update.
 
     Rows that count are told by their labels (`ignore_class`), not by
     Keras masks: a model whose output carries one (`Embedding(...,
