@@ -1073,6 +1073,22 @@ def test_default_filters_train_the_same_weights_every_time(pair):
             np.testing.assert_array_equal(a, b)
 
 
+def _scoring_every_batch(**regularizers):
+    """`identity_model(**regularizers)` under `SkipMasked`, which scores
+    every batch from the start; compiled with a learning rate of 0."""
+    wrapped = kas.ASSpeed(
+        identity_model(**regularizers),
+        sample_filter=filters.SkipMasked(0.0, warmup_epochs=0),
+    )
+    wrapped.compile(
+        optimizer=keras.optimizers.SGD(0.0),
+        loss=kas.ASSoftmaxLoss(0.3),
+        metrics=["accuracy"],
+        jit_compile=JIT[0],
+    )
+    return wrapped
+
+
 @pytest.mark.filterwarnings("ignore:ASSpeed's sample filters skip")
 @pytest.mark.parametrize("penalties", [False, True])
 def test_training_logs_cover_the_drawn_batches(penalties):
@@ -1087,16 +1103,7 @@ def test_training_logs_cover_the_drawn_batches(penalties):
             "kernel_regularizer": keras.regularizers.L2(0.01),
             "activity_regularizer": keras.regularizers.L1(0.001),
         }
-    wrapped = kas.ASSpeed(
-        identity_model(**regularizers),
-        sample_filter=filters.SkipMasked(0.0, warmup_epochs=0),
-    )
-    wrapped.compile(
-        optimizer=keras.optimizers.SGD(0.0),
-        loss=kas.ASSoftmaxLoss(0.3),
-        metrics=["accuracy"],
-        jit_compile=JIT[0],
-    )
+    wrapped = _scoring_every_batch(**regularizers)
     logs = wrapped.fit(x, y, batch_size=4, epochs=1, verbose=0).history
     assert logs["trained_fraction"] == [0.5]
     evaluated = wrapped.evaluate(
@@ -1116,15 +1123,7 @@ def test_fit_warns_that_penalties_act_in_training_passes_only():
     x, y, _ = two_batches()
 
     def fit(**regularizers):
-        wrapped = kas.ASSpeed(
-            identity_model(**regularizers),
-            sample_filter=filters.SkipMasked(0.0, warmup_epochs=0),
-        )
-        wrapped.compile(
-            optimizer=keras.optimizers.SGD(0.1),
-            loss=kas.ASSoftmaxLoss(0.3),
-            jit_compile=JIT[0],
-        )
+        wrapped = _scoring_every_batch(**regularizers)
         wrapped.fit(x, y, batch_size=4, epochs=1, verbose=0)
 
     expected = r"weight_decay.*kernel \(regularizer\), .* \(activity_"

@@ -12,13 +12,13 @@ The filters are plug-ins (`keras_as_softmax.filters.base`): the step calls
 their `select` and `observe` and never asks for their types.
 
 Every shape is static: the scoring and training passes run on exactly
-`batch_size` rows. The passes come in as `hooks` from the backend's
-trainer: `maybe_score(pred, x)` (predictions and regularization penalty)
-and `maybe_train(pred, x, y, coefficients)` run one behind a conditional
-and return zeros when `pred` is false, so a
-conditional holds a pass and nothing else (the gathers of several
-replicas stay outside). A trainer that adds the training pass's gradients
-to the window's sums inside its branch returns `None` for them.
+`batch_size` rows. The passes come in as `hooks` from the backend's trainer:
+`maybe_score(pred, x)` (predictions and regularization penalty) and
+`maybe_train(pred, x, y, coefficients)` run one behind a conditional and
+return zeros when `pred` is false, so a conditional holds a pass and nothing
+else (the gathers of several replicas stay outside). A trainer that adds the
+training pass's gradients to the window's sums inside its branch returns
+`None` for them.
 Everything else is `keras.ops`, and a pass's results are used through
 `where` on its predicate.
 
@@ -96,6 +96,16 @@ def row_values(loss, y, y_pred, margin=0.0):
     delta = ops.minimum(ops.convert_to_tensor(loss.delta) + margin, 1.0)
     kwargs = {**loss._fn_kwargs, "delta": delta}
     return ops.cast(loss.fn(y, y_pred, **kwargs), "float32")
+
+
+def penalty(model, losses):
+    """The sum of a pass's regularization penalties (`losses`, the model's
+    `losses` after the pass) as Keras's own step adds them: on TensorFlow
+    divided by the number of replicas, whose losses are summed."""
+    total = ops.zeros((), "float32")
+    for loss in losses:
+        total += ops.cast(model._aggregate_additional_loss(loss), "float32")
+    return total
 
 
 def _to_rows(weight, rows):

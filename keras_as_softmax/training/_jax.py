@@ -130,7 +130,7 @@ class _Hooks:
                 self._changed(updated), state, self.keep_after_scoring
             )
         ]
-        return (y_pred, _penalty(losses)), state
+        return (y_pred, _filtering.penalty(model, losses)), state
 
     def train(self, state, x, y, coefficients):
         model = self.model
@@ -144,7 +144,8 @@ class _Hooks:
                 trainable, non_trainable, x, return_losses=True, training=True
             )
             values = _filtering.row_values(model.loss, y, y_pred)
-            loss = keras.ops.sum(coefficients * values) + _penalty(losses)
+            penalty = _filtering.penalty(model, losses)
+            loss = keras.ops.sum(coefficients * values) + penalty
             with keras.StatelessScope(state_mapping=optimizer_mapping):
                 scaled = model.optimizer.scale_loss(loss)
             return scaled, (loss, y_pred, values, updated)
@@ -153,13 +154,6 @@ class _Hooks:
             objective, has_aux=True
         )(self.trainable)
         return (grads, y_pred, values, loss), self._changed(updated)
-
-
-def _penalty(losses):
-    """The sum of a pass's regularization penalties (`model.losses`)."""
-    if not losses:
-        return keras.ops.zeros((), "float32")
-    return keras.ops.cast(sum(losses), "float32")
 
 
 class ASSpeedTrainer:

@@ -163,7 +163,7 @@ class _Hooks:
         model = self.model
         if not model._score_training:
             y_pred = model(x, training=False)
-            return tf.identity(y_pred), _penalty(model)
+            return tf.identity(y_pred), _filtering.penalty(model, model.losses)
         saved_variables = [
             v
             for v in model.inner_model.non_trainable_variables
@@ -175,7 +175,7 @@ class _Hooks:
         with tf.control_dependencies(tf.nest.flatten(y_pred)):
             for v, value in zip(saved_variables, saved):
                 v.assign(value)
-        return tf.identity(y_pred), _penalty(model)
+        return tf.identity(y_pred), _filtering.penalty(model, model.losses)
 
     def _train_pass(self, x, y, coefficients):
         model = self.model
@@ -183,7 +183,8 @@ class _Hooks:
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
             values = _filtering.row_values(model.loss, y, y_pred)
-            loss = tf.reduce_sum(coefficients * values) + _penalty(model)
+            penalty = _filtering.penalty(model, model.losses)
+            loss = tf.reduce_sum(coefficients * values) + penalty
             scaled = model.optimizer.scale_loss(loss)
         grads = _dense_grads(tape.gradient(scaled, variables), variables)
         return grads, y_pred, values, loss
@@ -194,16 +195,6 @@ class _Hooks:
         grads, y_pred, values, loss = self._train(x, y, coefficients)
         self.accumulate(grads)
         return y_pred, values, loss
-
-
-def _penalty(model):
-    """The pass's regularization penalties (`model.losses`) as Keras's own
-    step adds them: divided by the number of replicas, whose losses are
-    summed."""
-    penalty = tf.zeros((), "float32")
-    for loss in model.losses:
-        penalty += tf.cast(model._aggregate_additional_loss(loss), "float32")
-    return penalty
 
 
 def _maybe_xla(fn, model):

@@ -218,7 +218,8 @@ class _Hooks:
             y_pred = model.inner_model(x, training=True)
             model.zero_grad()
             values = _filtering.row_values(model.loss, y, y_pred)
-            loss = torch.sum(coefficients * values) + _penalty(model)
+            penalty = _filtering.penalty(model, model.losses)
+            loss = torch.sum(coefficients * values) + penalty
             model.optimizer.scale_loss(loss).backward()
         grads = _gradients(variables)
         return grads, y_pred.detach(), values.detach(), loss.detach()
@@ -238,7 +239,7 @@ class _Hooks:
         model = self.model
         if not model._score_training:
             y_pred = model.inner_model(x, training=False)
-            return y_pred, _penalty(model)
+            return y_pred, _filtering.penalty(model, model.losses)
         saved_variables = [
             v
             for v in model.inner_model.non_trainable_variables
@@ -248,15 +249,7 @@ class _Hooks:
         y_pred = model.inner_model(x, training=True)
         for v, value in zip(saved_variables, saved):
             v.assign(value)
-        return y_pred, _penalty(model)
-
-
-def _penalty(model):
-    """The sum of the last pass's regularization penalties
-    (`model.losses`)."""
-    if not model.losses:
-        return keras.ops.zeros((), "float32")
-    return sum(model.losses).to(torch.float32)
+        return y_pred, _filtering.penalty(model, model.losses)
 
 
 class ASSpeedTrainer:
