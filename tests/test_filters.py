@@ -85,12 +85,13 @@ class RecordingHooks:
         self.trained, self.scored = [], []
 
     def maybe_score(self, pred, x):
+        no_penalty = ops.zeros((), "float32")
         if not bool(ops.convert_to_numpy(pred)):
             rows = len(ops.convert_to_numpy(x))
-            return ops.zeros((rows, NUM_CLASSES), "float32")
+            return ops.zeros((rows, NUM_CLASSES), "float32"), no_penalty
         logits, ids = self._predict(x)
         self.scored.append(ids)
-        return ops.convert_to_tensor(logits)
+        return ops.convert_to_tensor(logits), no_penalty
 
     def maybe_train(self, pred, x, y, coefficients):
         if not bool(ops.convert_to_numpy(pred)):
