@@ -8,8 +8,8 @@ non-zero status if any notebook fails.
 Usage:
 
 ```
-# CI smoke run:
-python examples/run_notebooks.py --quick -o /tmp/nb
+# CI smoke run, the three notebooks at once:
+python examples/run_notebooks.py --quick --jobs 3 -o /tmp/nb
 # full offline run, outputs committed:
 python examples/run_notebooks.py --inplace
 python examples/run_notebooks.py token_classification.ipynb \\
@@ -25,6 +25,7 @@ is not a literal is taken as a string (`-p SOURCE=clinc_oos`).
 
 import argparse
 import ast
+import concurrent.futures
 import copy
 import os
 import subprocess
@@ -207,7 +208,16 @@ def main(argv=None):
     parser.add_argument(
         "--timeout", type=int, default=1800, help="seconds per cell"
     )
+    parser.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=1,
+        help="notebooks run at once, each in a kernel of its own",
+    )
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs expects 1 or more. Received: {args.jobs}")
 
     params = dict(QUICK_PARAMETERS) if args.quick else {}
     params.update(parse_parameters(args.parameter))
@@ -220,8 +230,7 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("MPLBACKEND", "Agg")
 
-    failures = []
-    for path in paths:
+    def run(path):
         output = (
             path
             if args.inplace
@@ -236,12 +245,17 @@ def main(argv=None):
             path, output, params, args.kernel, args.timeout
         )
         print(
-            f"[run_notebooks] {'ok' if ok else 'FAILED'} in {seconds:.0f}s",
+            f"[run_notebooks] {os.path.basename(path)} "
+            f"{'ok' if ok else 'FAILED'} in {seconds:.0f}s",
             flush=True,
         )
         if not ok:
-            failures.append(path)
             print(error, file=sys.stderr, flush=True)
+        return ok
+
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(run, paths))
+    failures = [path for path, ok in zip(paths, results) if not ok]
     if failures:
         print(
             f"[run_notebooks] {len(failures)} notebook(s) failed: {failures}",

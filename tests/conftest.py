@@ -18,4 +18,6 @@ def _fresh_keras_state():
     keras.utils.set_random_seed(0)
     yield
     keras.config.set_dtype_policy("float32")
-    keras.backend.clear_session()
+    # Without a full `gc.collect()` per test: with TensorFlow, JAX and
+    # PyTorch loaded it takes a second or more, most of a loss test's time.
+    keras.backend.clear_session(free_memory=False)

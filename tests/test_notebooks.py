@@ -29,6 +29,8 @@ def test_notebooks_run_in_quick_mode(tmp_path):
             sys.executable,
             os.path.join(EXAMPLES, "run_notebooks.py"),
             "--quick",
+            "--jobs",
+            str(len(NOTEBOOKS)),
             "-o",
             str(tmp_path),
         ],
