@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source tests/venv.sh
+source tests/suites.sh
 python="$(venv_python 3.12 "${JAX_LATEST_VENV:-$HOME/.cache/keras-as-softmax/py312-jax}")"
 
 # TensorFlow comes in through the package's own `tensorflow` dependency: the
@@ -22,5 +23,4 @@ import jax, jaxlib, keras
 print("jax", jax.__version__)
 print("jaxlib", jaxlib.__version__)
 print("keras", keras.__version__)'
-KERAS_BACKEND=jax "$python" -m pytest -q -p no:cacheprovider \
-    tests/test_as_speed.py tests/test_filters.py tests/test_accumulation.py "$@"
+KERAS_BACKEND=jax "$python" -m pytest "${pytest_args[@]}" "${training_tests[@]}" "$@"

@@ -9,11 +9,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source tests/venv.sh
+source tests/suites.sh
 python="$(venv_python 3.10 "${OLDEST_VENV:-$HOME/.cache/keras-as-softmax/py310-oldest}")"
 
 "$python" -m pip install --quiet --disable-pip-version-check \
     "keras==3.11.3" "tensorflow==2.16.2" "jax[cpu]==0.4.30" "torch==2.3.1" \
-    "keras-hub==0.20.0" "pytest>=8" "hypothesis>=6"
+    "keras-hub==0.20.0" "pytest>=8" "pytest-xdist" "hypothesis>=6"
 "$python" -m pip install --quiet --disable-pip-version-check --no-deps -e .
 
 export TF_CPP_MIN_LOG_LEVEL=2 HF_HUB_OFFLINE=1
@@ -21,12 +22,10 @@ export TF_CPP_MIN_LOG_LEVEL=2 HF_HUB_OFFLINE=1
 import sys, jax, keras, tensorflow, torch
 print(sys.version.split()[0], "keras", keras.__version__, "tensorflow",
       tensorflow.__version__, "jax", jax.__version__, "torch", torch.__version__)'
-training="tests/test_as_speed.py tests/test_filters.py tests/test_accumulation.py"
-KERAS_BACKEND=tensorflow "$python" -m pytest -q -p no:cacheprovider \
-    tests/test_losses.py tests/test_as_speed_backends.py \
-    tests/test_multilabel_speed_math.py $training "$@"
-KERAS_BACKEND=jax "$python" -m pytest -q -p no:cacheprovider $training "$@"
-KERAS_BACKEND=torch "$python" -m pytest -q -p no:cacheprovider \
-    -m multibackend tests/test_losses.py tests/test_as_speed_backends.py "$@"
-KERAS_BACKEND=torch "$python" -m pytest -q -p no:cacheprovider $training \
+KERAS_BACKEND=tensorflow "$python" -m pytest "${pytest_args[@]}" \
+    "${loss_tests[@]}" tests/test_multilabel_speed_math.py "${training_tests[@]}" "$@"
+KERAS_BACKEND=jax "$python" -m pytest "${pytest_args[@]}" "${training_tests[@]}" "$@"
+KERAS_BACKEND=torch "$python" -m pytest "${pytest_args[@]}" \
+    -m multibackend "${loss_tests[@]}" "$@"
+KERAS_BACKEND=torch "$python" -m pytest "${pytest_args[@]}" "${training_tests[@]}" \
     -k "not torch_compile" "$@"
