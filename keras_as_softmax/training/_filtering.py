@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 import keras
 from keras import ops
+from keras.src.backend import get_keras_mask
 
 from keras_as_softmax.filters.base import Seen
 from keras_as_softmax.filters.base import View
@@ -81,10 +82,61 @@ def row_flags(loss, y, values, sample_weight):
     return counted, masked, valid
 
 
+def pick(structure, name, names):
+    """The entry of output `name` in a dict keyed by output name, or in a
+    list in the order of `names`; anything else is returned as it is."""
+    if isinstance(structure, dict):
+        return structure[name]
+    if isinstance(structure, (list, tuple)):
+        return structure[names.index(name)]
+    return structure
+
+
+def check_no_keras_mask(loss, outputs, names=()):
+    """Refuses an output that carries a Keras mask (`Embedding(...,
+    mask_zero=True)`, `Masking`) where its loss has no `ignore_class`:
+    ASSpeed tells the rows that count by their labels, so the mask's rows
+    would be counted and trained.
+
+    Args:
+        loss: the compiled loss: one, or one per output in a dict or list.
+        outputs: a functional model's symbolic outputs, or a step's
+            predictions as traced or computed (a subclassed model's mask
+            shows only there).
+        names: the model's output names, in the order of `outputs`.
+    """
+    names = list(names)
+    if isinstance(outputs, dict):
+        named = list(outputs.items())
+    else:
+        outputs = keras.tree.flatten(outputs)
+        named = [
+            (names[i] if i < len(names) else None, output)
+            for i, output in enumerate(outputs)
+        ]
+    for name, output in named:
+        if get_keras_mask(output) is None:
+            continue
+        output_loss = pick(loss, name, names) if name in names else loss
+        if getattr(output_loss, "ignore_class", None) is None:
+            output = "the output" if name is None else f"output {name!r}"
+            raise ValueError(
+                "ASSpeed counts the rows of a batch by their labels, not "
+                f"by Keras masks, and {output} carries one "
+                "(from `Embedding(mask_zero=True)` or `Masking`). "
+                "Expected the masked positions labelled with a class to "
+                "ignore, and the loss told so, e.g. "
+                "keras_as_softmax.ASSoftmaxLoss(ignore_class=-1). "
+                f"Received: loss={output_loss!r} without `ignore_class`"
+            )
+
+
 def row_values(loss, y, y_pred, margin=0.0):
     """The loss's per-row values, computed as `Loss.__call__` would; with
     a `margin`, those of the same AS loss with `delta + margin` (at most
-    1)."""
+    1). Refuses predictions under a Keras mask that the labels do not
+    tell (`check_no_keras_mask`)."""
+    check_no_keras_mask(loss, y_pred)
     y = keras.tree.map_structure(
         lambda t: ops.convert_to_tensor(t, dtype=loss.dtype), y
     )

@@ -108,7 +108,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
 
     Rows that count are told by their labels (`ignore_class`), not by
     Keras masks: a model whose output carries one (`Embedding(...,
-    mask_zero=True)`) is refused without `ignore_class`. On TensorFlow an
+    mask_zero=True)`) is refused without `ignore_class`, by `compile`
+    (functional models) or as `fit` traces its first step (subclassed
+    ones, whose masks show only there). On TensorFlow an
     embedding's sparse gradient is summed dense, so Adam's moments decay
     on every row, as Keras's do on JAX and PyTorch (Keras's own TensorFlow
     step updates only the rows in the batch).
@@ -539,7 +541,13 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     "`ASSpeed(..., masked_outputs=[...])`. Received: one "
                     f"loss, {loss!r}, for the outputs {outputs}"
                 )
-        self._check_no_keras_mask(loss)
+        # Functional and sequential models show their masks here; a
+        # subclassed model's show in the step (`_check_step_masks`).
+        _filtering.check_no_keras_mask(
+            loss,
+            getattr(self.inner_model, "outputs", None) or [],
+            getattr(self.inner_model, "output_names", None) or [],
+        )
         for f in self.sample_filters:
             if f.needs_masking_loss and not isinstance(loss, _MASKING_LOSSES):
                 raise ValueError(
@@ -568,32 +576,6 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     f"sample_filter={self.sample_filters!r}"
                 )
 
-    def _check_no_keras_mask(self, loss):
-        """ASSpeed tells the rows that count by their labels
-        (`ignore_class`): a Keras mask on an output (`Embedding(...,
-        mask_zero=True)`, `Masking`) would be left out of its counts and
-        of the filters' passes. Functional and sequential models show
-        their masks; a subclassed model's are not seen."""
-        outputs = getattr(self.inner_model, "outputs", None) or []
-        names = list(getattr(self.inner_model, "output_names", None) or [])
-        for i, output in enumerate(outputs):
-            if getattr(output, "_keras_mask", None) is None:
-                continue
-            name = names[i] if i < len(names) else None
-            output_loss = loss
-            if isinstance(loss, (dict, list, tuple)) and name in names:
-                output_loss = _pick(loss, name, names)
-            if getattr(output_loss, "ignore_class", None) is None:
-                raise ValueError(
-                    "ASSpeed counts the rows of a batch by their labels, not "
-                    f"by Keras masks, and output {name!r} carries one "
-                    "(from `Embedding(mask_zero=True)` or `Masking`). "
-                    "Expected the masked positions labelled with a class to "
-                    "ignore, and the loss told so, e.g. "
-                    "keras_as_softmax.ASSoftmaxLoss(ignore_class=-1). "
-                    f"Received: loss={output_loss!r} without `ignore_class`"
-                )
-
     def _check_masked_outputs(self, loss):
         names = list(getattr(self.inner_model, "output_names", None) or [])
         if self.sample_filters:
@@ -616,7 +598,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     f"Expected `masked_outputs` among the model's outputs "
                     f"{names}. Received: {name!r}"
                 )
-            picked = _pick(loss, name, names)
+            picked = _filtering.pick(loss, name, names)
             if not isinstance(picked, _MASKING_LOSSES):
                 raise ValueError(
                     f"The loss of output {name!r} masks no rows: AS-Speed "
@@ -637,11 +619,11 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         for name in self.masked_outputs:
             weight = sample_weight
             if isinstance(sample_weight, (dict, list, tuple)):
-                weight = _pick(sample_weight, name, names)
+                weight = _filtering.pick(sample_weight, name, names)
             m, c = count_masked_rows(
-                _pick(self.loss, name, names),
-                _pick(y, name, names),
-                _pick(y_pred, name, names),
+                _filtering.pick(self.loss, name, names),
+                _filtering.pick(y, name, names),
+                _filtering.pick(y_pred, name, names),
                 weight,
             )
             masked, counted = masked + m, counted + c
@@ -656,6 +638,22 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         return len(distribution.device_mesh.devices.flatten())
 
     # ------------------------------------------------------------- training
+
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
+        # A subclassed model's Keras mask shows only on its predictions, as
+        # the step is traced (or run, on eager PyTorch): refused before the
+        # loss reads its labels and before anything is updated.
+        names = getattr(self.inner_model, "output_names", None) or []
+        _filtering.check_no_keras_mask(self.loss, y_pred, names)
+        return super().compute_loss(
+            x=x,
+            y=y,
+            y_pred=y_pred,
+            sample_weight=sample_weight,
+            training=training,
+        )
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         # Evaluation counts masked rows here; train steps count them where
@@ -1120,13 +1118,3 @@ def _output_names(masked_outputs):
             f"list of them. Received: masked_outputs={masked_outputs!r}"
         )
     return list(names)
-
-
-def _pick(structure, name, names):
-    """The entry of output `name` in a dict keyed by output name, or in a
-    list in the order of `names`; anything else is returned as it is."""
-    if isinstance(structure, dict):
-        return structure[name]
-    if isinstance(structure, (list, tuple)):
-        return structure[names.index(name)]
-    return structure
