@@ -542,7 +542,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     f"loss, {loss!r}, for the outputs {outputs}"
                 )
         # Functional and sequential models show their masks here; a
-        # subclassed model's show in the step (`_check_step_masks`).
+        # subclassed model's show in the step (`compute_loss`, and the
+        # filters' passes through `_filtering.row_values`).
         _filtering.check_no_keras_mask(
             loss,
             getattr(self.inner_model, "outputs", None) or [],
