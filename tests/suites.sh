@@ -1,4 +1,4 @@
-# Sourced by the test scripts: the training suite's files, and pytest's
+# Sourced by the test scripts: the suites' test files, and pytest's
 # common arguments. The tests run in parallel, one pytest-xdist worker per
 # core up to four (PYTEST_WORKERS sets the number; 0 runs them in this
 # process). Every test seeds itself (conftest.py), so the order they land
