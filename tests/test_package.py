@@ -17,6 +17,8 @@ import zipfile
 import keras
 import pytest
 
+import keras_as_softmax
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CORE = ROOT / "keras_as_softmax"
 # Top-level packages that only the harness may import.
@@ -171,6 +173,27 @@ def test_wheel_holds_only_the_core(tmp_path):
 def test_documents_stay_within_their_length(path, limit):
     lines = (ROOT / path).read_text().count("\n")
     assert lines <= limit, f"{path}: {lines} lines, at most {limit}"
+
+
+def test_version_agrees_everywhere():
+    # pyproject.toml, the package, the README's first lines and the
+    # changelog's newest entry name one version.
+    version = re.search(
+        r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M
+    )[1]
+    readme = re.search(
+        r"Version (\d+\.\d+\.\d+)", (ROOT / "README.md").read_text()
+    )
+    changelog = re.search(
+        r"^## (\S+)$", (ROOT / "CHANGELOG.md").read_text(), re.M
+    )
+    found = {
+        "pyproject.toml": version,
+        "keras_as_softmax.__version__": keras_as_softmax.__version__,
+        "README.md": readme and readme[1],
+        "CHANGELOG.md": changelog and changelog[1],
+    }
+    assert set(found.values()) == {version}, found
 
 
 def test_library_quotes_no_measured_figure():
