@@ -101,14 +101,30 @@ def test_rules_are_plug_ins():
 # ------------------------------------------------- the accumulating optimizer
 
 
-def window_run(rule, grads, counts, stateless):
+def window_run(
+    rule,
+    grads,
+    counts,
+    stateless,
+    start=(0.0, 0.0),
+    regularizer=None,
+    loss_scale=None,
+    **kwargs,
+):
     """Applies `grads` (one list per micro-batch) with SGD(1) under an
-    `AccumulatingOptimizer(rule)`: the variable's values after each call,
-    and the optimizer's iterations and window length at the end."""
-    variable = keras.Variable(np.zeros(2, "float32"))
-    optimizer = kas.AccumulatingOptimizer(
-        keras.optimizers.SGD(1.0), steps_rule=rule
-    )
+    `AccumulatingOptimizer(rule, **kwargs)` to a variable at `start` with
+    `regularizer`: its values after each call, and the optimizer's
+    iterations and window length at the end. With `loss_scale`, SGD runs
+    in a `LossScaleOptimizer` and the gradients are scaled as it expects."""
+    variable = keras.Variable(np.asarray(start, "float32"))
+    variable.regularizer = regularizer
+    inner = keras.optimizers.SGD(1.0)
+    if loss_scale:
+        inner = keras.optimizers.LossScaleOptimizer(inner, loss_scale)
+        grads = [
+            None if g is None else np.multiply(g, loss_scale) for g in grads
+        ]
+    optimizer = kas.AccumulatingOptimizer(inner, steps_rule=rule, **kwargs)
     optimizer.build([variable])
     values = []
     for g, (rows, masked) in zip(grads, counts):
@@ -141,6 +157,37 @@ def test_optimizer_applies_the_window_mean_when_due(stateless):
     # Two micro-batches per update: the mean of each pair, applied once.
     assert values == [[0, 0], [-3, -1], [-3, -1], [-5, -3]]
     assert iterations == 2 and steps == 2
+
+
+@pytest.mark.parametrize(
+    "regularize_weights, loss_scale", [(False, None), (True, None), (True, 8.0)]
+)
+@pytest.mark.parametrize("stateless", [False, True])
+def test_regularize_weights_adds_the_penalty_gradient_once_per_update(
+    stateless, regularize_weights, loss_scale
+):
+    if stateless and BACKEND != "jax":
+        pytest.skip("stateless_apply serves JAX's pure steps")
+    grads = [[2.0, 0.0], [4.0, 2.0], [1.0, 1.0], [3.0, 3.0]]
+    values, iterations, _ = window_run(
+        2,
+        grads,
+        [(10, 0)] * 4,
+        stateless,
+        start=(2.0, -4.0),
+        regularizer=keras.regularizers.L2(0.25),
+        loss_scale=loss_scale,
+        regularize_weights=regularize_weights,
+    )
+    if regularize_weights:
+        # Each update: the window's mean plus L2's gradient, 0.5 * w, once.
+        # [2, -4] - ([3, 1] + [1, -2]), then [-2, -3] - ([2, 2] + [-1, -1.5])
+        expected = [[2, -4], [-2, -3], [-2, -3], [-3, -3.5]]
+    else:
+        # The micro-batch gradients are taken to hold the penalty.
+        expected = [[2, -4], [-1, -5], [-1, -5], [-3, -7]]
+    np.testing.assert_allclose(values, expected, rtol=1e-6)
+    assert iterations == 2
 
 
 @pytest.mark.parametrize("stateless", [False, True])
@@ -187,7 +234,9 @@ def test_a_rule_below_one_micro_batch_counts_as_one():
 
 def test_optimizer_round_trips_and_forwards_to_the_inner():
     inner = keras.optimizers.AdamW(learning_rate=0.01)
-    optimizer = kas.AccumulatingOptimizer(inner, kas.AdaptiveSteps(1.0, 2))
+    optimizer = kas.AccumulatingOptimizer(
+        inner, kas.AdaptiveSteps(1.0, 2), regularize_weights=True
+    )
     assert float(ops.convert_to_numpy(optimizer.learning_rate)) == (
         pytest.approx(0.01)
     )
@@ -195,5 +244,6 @@ def test_optimizer_round_trips_and_forwards_to_the_inner():
     restored = keras.saving.deserialize_keras_object(config)
     assert isinstance(restored.inner_optimizer, keras.optimizers.AdamW)
     assert restored.steps_rule.get_config() == {"lam": 1.0, "max_steps": 2}
+    assert restored.regularize_weights
     with pytest.raises(ValueError, match="inner_optimizer"):
         kas.AccumulatingOptimizer("adam")

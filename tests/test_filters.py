@@ -428,9 +428,9 @@ def two_batches(seed=0):
     return x, y, weights
 
 
-def fit_window(sample_filter, jit_compile):
+def fit_window(sample_filter, jit_compile, **regularizers):
     x, y, weights = two_batches()
-    model = identity_model()
+    model = identity_model(**regularizers)
     wrapped = kas.ASSpeed(
         model, lam=0.5, max_steps=2, sample_filter=sample_filter
     )
@@ -452,13 +452,25 @@ def fit_window(sample_filter, jit_compile):
     return model, history.history
 
 
-@pytest.mark.parametrize("score_training", [True, False])
+@pytest.mark.parametrize(
+    "score_training, regularizers",
+    [
+        (True, {}),
+        (False, {}),
+        (True, {"kernel_regularizer": keras.regularizers.L2(0.05)}),
+    ],
+    ids=["score_training", "score_inference", "weight_penalty"],
+)
 @pytest.mark.parametrize("jit_compile", JIT)
-def test_skip_masked_gives_the_plain_update(jit_compile, score_training):
+def test_skip_masked_gives_the_plain_update(
+    jit_compile, score_training, regularizers
+):
     """A window of two batches with two unmasked samples each: one training
     pass on the four, with their batches' coefficients, equals the plain
-    accumulated update (without dropout, in either scoring mode)."""
-    plain, plain_logs = fit_window(None, jit_compile)
+    accumulated update (without dropout, in either scoring mode). A
+    weight's penalty acts once in the update, as in the plain one's mean
+    of two micro-batches that each held it, not once per training pass."""
+    plain, plain_logs = fit_window(None, jit_compile, **regularizers)
     skip, skip_logs = fit_window(
         filters.SkipMasked(
             0.0,
@@ -466,6 +478,7 @@ def test_skip_masked_gives_the_plain_update(jit_compile, score_training):
             score_training=score_training,
         ),
         jit_compile,
+        **regularizers,
     )
     assert not np.allclose(plain.get_weights()[0], np.eye(NUM_CLASSES))
     for a, b in zip(plain.get_weights(), skip.get_weights()):
@@ -1117,24 +1130,27 @@ def test_training_logs_cover_the_drawn_batches(penalties):
     assert "scored_fraction" not in evaluated
 
 
-def test_fit_warns_that_penalties_act_in_training_passes_only():
-    """A regularization penalty is part of a training pass: with a filter
-    it acts on the batches a pass ran on. `fit` says so and names the
-    penalties; it says nothing of a model without any."""
+def test_fit_warns_that_activity_penalties_act_in_training_passes_only():
+    """An activity penalty depends on a pass's inputs: with a filter it
+    acts on the batches a pass ran on. `fit` says so and names the layers;
+    it says nothing of the weights' penalties, which act once per update
+    (`test_skip_masked_gives_the_plain_update`), nor of a model without
+    any."""
     x, y, _ = two_batches()
 
     def fit(**regularizers):
         wrapped = _scoring_every_batch(**regularizers)
         wrapped.fit(x, y, batch_size=4, epochs=1, verbose=0)
 
-    expected = r"weight_decay.*kernel \(regularizer\), .* \(activity_"
+    expected = r"activity penalties .* activity_regularizer: dense"
     with pytest.warns(UserWarning, match=expected) as caught:
         fit(kernel_regularizer="l2", activity_regularizer="l1")
     assert caught[0].filename == __file__  # it points at the `fit` call
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        fit()
-    assert not [w for w in caught if "penalt" in str(w.message)]
+    for regularizers in ({"kernel_regularizer": "l2"}, {}):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fit(**regularizers)
+        assert not [w for w in caught if "penalt" in str(w.message)]
 
 
 def _one_program_filters():

@@ -160,6 +160,22 @@ def penalty(model, losses):
     return total
 
 
+def pass_penalties(model, losses):
+    """`(in_pass, of_weights)`: a training pass's penalties split in two.
+    The weights' own (`kernel_regularizer`, ...: Keras lists them last,
+    one per regularized trainable weight) stay out of the pass's
+    gradients: the `AccumulatingOptimizer` adds them once per update
+    (`regularize_weights`), as a plain update holds them, however few of
+    the window's micro-batches a pass ran on. The rest (activity
+    penalties, `add_loss`) depend on the pass's inputs and train with it."""
+    weights = sum(
+        getattr(v, "regularizer", None) is not None
+        for v in model.trainable_weights
+    )
+    split = len(losses) - weights
+    return penalty(model, losses[:split]), penalty(model, losses[split:])
+
+
 def _to_rows(weight, rows):
     weight = rows_rank(weight, rows.shape)
     return ops.cast(weight, "float32") * ops.ones_like(rows, "float32")

@@ -183,11 +183,13 @@ class _Hooks:
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
             values = _filtering.row_values(model.loss, y, y_pred)
-            penalty = _filtering.penalty(model, model.losses)
+            penalty, weight_penalty = _filtering.pass_penalties(
+                model, model.losses
+            )
             loss = tf.reduce_sum(coefficients * values) + penalty
             scaled = model.optimizer.scale_loss(loss)
         grads = _dense_grads(tape.gradient(scaled, variables), variables)
-        return grads, y_pred, values, loss
+        return grads, y_pred, values, loss + weight_penalty
 
     def _add_pass(self, x, y, coefficients):
         """The training pass (XLA under `jit_compile`), its gradients added

@@ -218,11 +218,14 @@ class _Hooks:
             y_pred = model.inner_model(x, training=True)
             model.zero_grad()
             values = _filtering.row_values(model.loss, y, y_pred)
-            penalty = _filtering.penalty(model, model.losses)
+            penalty, weight_penalty = _filtering.pass_penalties(
+                model, model.losses
+            )
             loss = torch.sum(coefficients * values) + penalty
             model.optimizer.scale_loss(loss).backward()
         grads = _gradients(variables)
-        return grads, y_pred.detach(), values.detach(), loss.detach()
+        loss = (loss + weight_penalty).detach()
+        return grads, y_pred.detach(), values.detach(), loss
 
     def no_output(self, x):
         """Zeros in the shape of the model's output for `x`."""

@@ -101,10 +101,11 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     the harder ones, revisits weighted `1 / revisit`. Watch validation
     metrics, not those, to judge overfitting or to stop early.
 
-    Regularization penalties (`kernel_regularizer`, `add_loss`) are part
-    of a training pass: with a filter they act on the batches a pass ran
-    on, a `trained_fraction` of those drawn, and `fit` warns of the ones
-    it sees. An optimizer's `weight_decay` acts on every update.
+    With a filter, the weights' regularization penalties
+    (`kernel_regularizer`, ...) act once per update, as without one. Those
+    that depend on a pass's inputs (`activity_regularizer`, `add_loss`)
+    act on the batches a training pass ran on, a `trained_fraction` of
+    those drawn, and `fit` warns of the ones it sees.
 
     Rows that count are told by their labels (`ignore_class`), not by
     Keras masks: a model whose output carries one (`Embedding(...,
@@ -422,7 +423,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         """`keras.Model.compile`, with the optimizer wrapped in a
         `keras_as_softmax.AccumulatingOptimizer` that follows the paper's
         rule (`AdaptiveSteps(lam, max_steps)`); an `AccumulatingOptimizer`
-        passed in is kept as it is."""
+        passed in is kept. With a sample filter, the optimizer adds the
+        weights' penalties to each update (`regularize_weights`)."""
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
         if self.optimizer is not None and not isinstance(
             self.optimizer, AccumulatingOptimizer
@@ -435,6 +437,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 )
             if self._start_steps is not None:
                 self._built_optimizer()
+        if self.sample_filters and self.optimizer is not None:
+            # The training passes leave the weights' penalties out.
+            self.optimizer.regularize_weights = True
 
     def compile_from_config(self, config):
         config = keras.saving.deserialize_keras_object(config)
@@ -848,26 +853,21 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self._create_filter_state(spec)
 
     def _warn_of_penalties(self):
-        """Regularization penalties enter the training passes only: with
-        a filter they act on fewer batches than without one."""
+        """Penalties of a pass's inputs enter the training passes only:
+        with a filter they act on fewer batches than without one."""
         named = [
-            f"{v.path} (regularizer)"
-            for v in self.inner_model.trainable_weights
-            if getattr(v, "regularizer", None) is not None
-        ] + [
-            f"{layer.name} (activity_regularizer)"
+            layer.name
             for layer in self.inner_model._flatten_layers()
             if getattr(layer, "activity_regularizer", None) is not None
         ]
         if named:
             warnings.warn(
                 "ASSpeed's sample filters skip the passes of masked samples, "
-                "and the regularization penalties with them: a penalty acts "
+                "and the activity penalties with them: such a penalty acts "
                 "on the batches a training pass ran on (`trained_fraction` "
-                "of them), not on every batch as without a filter. "
-                "For weight decay on every update, use the optimizer's "
-                "`weight_decay` (e.g. keras.optimizers.AdamW). Penalties "
-                f"found: {', '.join(named[:4])}"
+                "of them), not on every batch as without a filter (the "
+                "weights' own penalties act on every update). Layers with "
+                f"an activity_regularizer: {', '.join(named[:4])}"
                 + (f" and {len(named) - 4} more" if len(named) > 4 else ""),
                 stacklevel=4,
             )

@@ -29,6 +29,12 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
     Learning-rate schedules and Adam's bias correction count updates:
     `iterations` is the inner optimizer's.
 
+    A trainer whose micro-batch gradients leave out the weights'
+    regularization penalties (`kernel_regularizer`, ..., as `ASSpeed`'s
+    sample filters do: their training passes run on a share of the
+    micro-batches) sets `regularize_weights`, and each update adds the
+    penalties' gradient once, as a plain accumulated update holds it.
+
     Args:
         inner_optimizer: the `keras.optimizers.Optimizer` that applies the
             mean gradient.
@@ -38,6 +44,11 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             1 counts as 1), such as
             `keras_as_softmax.training.accumulation.AdaptiveSteps`, the
             paper's rule. Defaults to `1`.
+        regularize_weights: whether each update adds the gradient of the
+            variables' regularization penalties (`variable.regularizer`)
+            to the window's mean. Defaults to `False`: the micro-batch
+            gradients hold them, as in Keras's own train step. `ASSpeed`
+            sets it when it runs a sample filter.
         name: the optimizer's name.
 
     Example:
@@ -51,7 +62,14 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
     `ASSpeed.compile` wraps the optimizer this way by itself.
     """
 
-    def __init__(self, inner_optimizer, steps_rule=1, name=None, **kwargs):
+    def __init__(
+        self,
+        inner_optimizer,
+        steps_rule=1,
+        regularize_weights=False,
+        name=None,
+        **kwargs,
+    ):
         super().__init__(learning_rate=0.0, name=name, **kwargs)
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
             raise ValueError(
@@ -68,6 +86,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             )
         self.inner_optimizer = inner_optimizer
         self.steps_rule = accumulation.as_rule(steps_rule)
+        self.regularize_weights = bool(regularize_weights)
 
     def build(self, var_list):
         if self.built:
@@ -215,6 +234,11 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         # to be read: a conditional that returned them would copy them.
         def apply_mean():
             mean = self._layout.unpack(accumulation.window_mean(window))
+            mapping = list(zip(self.inner_optimizer.variables, inner))
+            with keras.StatelessScope(state_mapping=mapping):
+                mean = self._regularized(
+                    mean, self._trainable_variables, trainable_variables
+                )
             new_trainable, new_inner = self.inner_optimizer.stateless_apply(
                 inner, mean, trainable_variables
             )
@@ -226,6 +250,32 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         trainable, inner = ops.cond(due, apply_mean, carry)
         window = accumulation.end_window_where(due, window, self.steps_rule)
         return trainable, [*window.grad_sum, self._counts(window), *inner]
+
+    def _regularized(self, mean, variables, values, divisor=1):
+        """`mean` (one gradient per variable) plus the gradient of the
+        loss-scaled sum of `variables`' regularization penalties at
+        `values`, over `divisor` (the replicas whose gradients an optimizer
+        sums); `mean` itself without `regularize_weights` or penalties."""
+        regularized = [
+            i
+            for i, v in enumerate(variables)
+            if getattr(v, "regularizer", None) is not None
+        ]
+        if not self.regularize_weights or not regularized:
+            return mean
+
+        def scaled_penalty(weights):
+            total = sum(
+                ops.cast(variables[i].regularizer(w), "float32")
+                for i, w in zip(regularized, weights)
+            )
+            return self.inner_optimizer.scale_loss(total)
+
+        grads = _gradients(scaled_penalty, [values[i] for i in regularized])
+        mean = list(mean)
+        for i, grad in zip(regularized, grads):
+            mean[i] = mean[i] + ops.cast(grad, mean[i].dtype) / divisor
+        return mean
 
     # ------------------------------------------------------------- stateful
 
@@ -297,9 +347,11 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         mean, fresh = accumulation.finish_window(
             self._window(), self.steps_rule, divisor
         )
-        self.inner_optimizer.apply(
-            self._layout.unpack(mean), trainable_variables
+        variables = trainable_variables or self._trainable_variables
+        mean = self._regularized(
+            self._layout.unpack(mean), variables, variables, divisor
         )
+        self.inner_optimizer.apply(mean, trainable_variables)
         # The sums stay as they are, marked stale.
         self._assign_window(fresh, sums=False)
 
@@ -356,6 +408,8 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             grads = sums if grads is None else _torch_grads(grads, sums)
             if micro_batches != 1:
                 grads = torch._foreach_div(grads, micro_batches)
+        variables = trainable_variables or self._trainable_variables
+        grads = self._regularized(grads, variables, variables)
         self.inner_optimizer.apply(grads, trainable_variables)
         # The sums stay as they are, marked stale.
         window = accumulation.end_window_where(
@@ -424,6 +478,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
                 self.inner_optimizer
             ),
             "steps_rule": keras.saving.serialize_keras_object(self.steps_rule),
+            "regularize_weights": self.regularize_weights,
         }
 
     @classmethod
@@ -436,6 +491,36 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             config.pop("steps_rule"), custom_objects=custom_objects
         )
         return cls(inner, rule, **config)
+
+
+def _gradients(fn, weights):
+    """The gradients of the scalar `fn(weights)` with respect to `weights`
+    (variables, or values on JAX)."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.grad(fn)(list(weights))
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            values = [
+                tf.convert_to_tensor(getattr(w, "value", w)) for w in weights
+            ]
+            tape.watch(values)
+            total = fn(values)
+        return tape.gradient(total, values)
+    if backend == "torch":
+        import torch
+
+        with torch.enable_grad():
+            values = [w.value.detach().requires_grad_() for w in weights]
+            return torch.autograd.grad(fn(values), values)
+    raise ValueError(
+        "Expected the TensorFlow, JAX or PyTorch backend for weight "
+        f"penalties. Received: backend={backend}"
+    )
 
 
 def _torch_grads(grads, sums):
