@@ -534,6 +534,29 @@ def test_cond_cost_quick_times_every_program_in_every_regime():
     assert all(rows[r, "full"][2] == 1.0 for r in regimes), out
 
 
+STEP_PROGRAM = LAB / "step_program.py"
+
+
+def test_step_program_counts_each_variants_compiled_step():
+    """`lab/step_program.py --quick`: a count per variant, each kind's
+    counts summing to its total; `ASSpeed` adds to the plain step, and a
+    filter to `ASSpeed`'s."""
+    backend = keras.backend.backend()
+    if backend not in ("tensorflow", "jax"):
+        pytest.skip(f"step_program.py runs on tensorflow or jax, not {backend}")
+    out = run_quick(STEP_PROGRAM, backend, 240)
+    totals = {}
+    for line in out.splitlines():
+        name, _, rest = line.partition(": ")
+        if name in ("keras", "as_speed", "skip_masked", "pair"):
+            total, kinds = rest.split(" | ")
+            counts = [int(k.rpartition("=")[2]) for k in kinds.split()]
+            assert sum(counts) == int(total), line
+            totals[name] = int(total)
+    assert list(totals) == ["keras", "as_speed", "skip_masked", "pair"], out
+    assert totals["keras"] < totals["as_speed"] < totals["skip_masked"], out
+
+
 def test_graph_updates_reads_xla_command_buffer_log(capsys):
     """`lab/graph_updates.py` on lines as XLA's GPU runtime logs them
     (`command_buffer_thunk.cc`, `command_executor.cc`): each command buffer's

@@ -150,30 +150,29 @@ def row_values(loss, y, y_pred, margin=0.0):
     return ops.cast(loss.fn(y, y_pred, **kwargs), "float32")
 
 
-def penalty(model, losses):
+def penalty(model, losses, weights_in_gradient=True):
     """The sum of a pass's regularization penalties (`losses`, the model's
     `losses` after the pass) as Keras's own step adds them: on TensorFlow
-    divided by the number of replicas, whose losses are summed."""
+    divided by the number of replicas, whose losses are summed.
+
+    A training pass under a filter (`weights_in_gradient=False`) keeps the
+    weights' own penalties (`kernel_regularizer`, ...: Keras lists them
+    last, one per regularized trainable weight) in the value but out of
+    its gradients: the `AccumulatingOptimizer` adds them once per update
+    (`regularize_weights`), as a plain update holds them, however few of a
+    window's micro-batches a pass ran on. The rest (activity penalties,
+    `add_loss`) depend on the pass's inputs and train with it."""
+    in_gradient = len(losses)
+    if not weights_in_gradient:
+        in_gradient -= sum(
+            getattr(v, "regularizer", None) is not None
+            for v in model.trainable_weights
+        )
     total = ops.zeros((), "float32")
-    for loss in losses:
-        total += ops.cast(model._aggregate_additional_loss(loss), "float32")
+    for i, loss in enumerate(losses):
+        loss = ops.cast(model._aggregate_additional_loss(loss), "float32")
+        total += loss if i < in_gradient else ops.stop_gradient(loss)
     return total
-
-
-def pass_penalties(model, losses):
-    """`(in_pass, of_weights)`: a training pass's penalties split in two.
-    The weights' own (`kernel_regularizer`, ...: Keras lists them last,
-    one per regularized trainable weight) stay out of the pass's
-    gradients: the `AccumulatingOptimizer` adds them once per update
-    (`regularize_weights`), as a plain update holds them, however few of
-    the window's micro-batches a pass ran on. The rest (activity
-    penalties, `add_loss`) depend on the pass's inputs and train with it."""
-    weights = sum(
-        getattr(v, "regularizer", None) is not None
-        for v in model.trainable_weights
-    )
-    split = len(losses) - weights
-    return penalty(model, losses[:split]), penalty(model, losses[split:])
 
 
 def _to_rows(weight, rows):

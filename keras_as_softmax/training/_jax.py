@@ -144,11 +144,13 @@ class _Hooks:
                 trainable, non_trainable, x, return_losses=True, training=True
             )
             values = _filtering.row_values(model.loss, y, y_pred)
-            penalty, weight_penalty = _filtering.pass_penalties(model, losses)
+            penalty = _filtering.penalty(
+                model, losses, weights_in_gradient=False
+            )
             loss = keras.ops.sum(coefficients * values) + penalty
             with keras.StatelessScope(state_mapping=optimizer_mapping):
                 scaled = model.optimizer.scale_loss(loss)
-            return scaled, (loss + weight_penalty, y_pred, values, updated)
+            return scaled, (loss, y_pred, values, updated)
 
         (_, (loss, y_pred, values, updated)), grads = jax.value_and_grad(
             objective, has_aux=True

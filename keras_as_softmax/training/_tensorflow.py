@@ -183,13 +183,13 @@ class _Hooks:
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
             values = _filtering.row_values(model.loss, y, y_pred)
-            penalty, weight_penalty = _filtering.pass_penalties(
-                model, model.losses
+            penalty = _filtering.penalty(
+                model, model.losses, weights_in_gradient=False
             )
             loss = tf.reduce_sum(coefficients * values) + penalty
             scaled = model.optimizer.scale_loss(loss)
         grads = _dense_grads(tape.gradient(scaled, variables), variables)
-        return grads, y_pred, values, loss + weight_penalty
+        return grads, y_pred, values, loss
 
     def _add_pass(self, x, y, coefficients):
         """The training pass (XLA under `jit_compile`), its gradients added

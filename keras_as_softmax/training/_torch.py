@@ -218,14 +218,13 @@ class _Hooks:
             y_pred = model.inner_model(x, training=True)
             model.zero_grad()
             values = _filtering.row_values(model.loss, y, y_pred)
-            penalty, weight_penalty = _filtering.pass_penalties(
-                model, model.losses
+            penalty = _filtering.penalty(
+                model, model.losses, weights_in_gradient=False
             )
             loss = torch.sum(coefficients * values) + penalty
             model.optimizer.scale_loss(loss).backward()
         grads = _gradients(variables)
-        loss = (loss + weight_penalty).detach()
-        return grads, y_pred.detach(), values.detach(), loss
+        return grads, y_pred.detach(), values.detach(), loss.detach()
 
     def no_output(self, x):
         """Zeros in the shape of the model's output for `x`."""
