@@ -540,6 +540,17 @@ def test_labels_out_of_range_are_reported_eagerly():
     labels[2] = -3
     with pytest.raises(ValueError, match="ignore_class=-100"):
         kas.ASSoftmaxLoss(ignore_class=-100)(labels, logits)
+    # Compiled, nothing is read back: the row's loss is infinite, as the
+    # docstring says, and the others' are as without it.
+    per_row = kas.ASSoftmaxLoss(reduction=None)
+    jit = compiled(lambda y, x: per_row(y, x))
+    if jit is not None:
+        labels[2] = 5
+        got = to_numpy(jit(labels, logits))
+        assert np.isposinf(got[2]), got
+        labels[2] = 0
+        expected = to_numpy(per_row(labels, logits))
+        np.testing.assert_allclose(np.delete(got, 2), np.delete(expected, 2))
 
 
 def test_half_precision_labels_with_many_classes_are_refused():

@@ -186,6 +186,10 @@ class ASSoftmaxLoss(PerRowLoss):
         The reduced loss, or per-row values with `reduction=None`. Eager
         calls check the labels (integers in range) and, with
         `from_logits=False`, the probabilities, and raise a `ValueError`.
+        A compiled step cannot check them without reading a device value
+        back to the host: there a label outside `[0, C)` gives its row an
+        infinite loss (`loss: inf` in `fit`'s logs). To find such labels,
+        `compile(..., run_eagerly=True)` and fit once.
 
     Example:
 
