@@ -150,20 +150,20 @@ def row_values(loss, y, y_pred, margin=0.0):
     return ops.cast(loss.fn(y, y_pred, **kwargs), "float32")
 
 
-def penalty(model, losses, weights_in_gradient=True):
+def penalty(model, losses):
     """The sum of a pass's regularization penalties (`losses`, the model's
     `losses` after the pass) as Keras's own step adds them: on TensorFlow
     divided by the number of replicas, whose losses are summed.
 
-    A training pass under a filter (`weights_in_gradient=False`) keeps the
-    weights' own penalties (`kernel_regularizer`, ...: Keras lists them
-    last, one per regularized trainable weight) in the value but out of
-    its gradients: the `AccumulatingOptimizer` adds them once per update
+    The weights' own penalties (`kernel_regularizer`, ...: Keras lists
+    them last, one per regularized trainable weight) count in the value
+    but stay out of a training pass's gradients: the
+    `AccumulatingOptimizer` adds them once per update
     (`regularize_weights`), as a plain update holds them, however few of a
     window's micro-batches a pass ran on. The rest (activity penalties,
     `add_loss`) depend on the pass's inputs and train with it."""
     in_gradient = len(losses)
-    if not weights_in_gradient:
+    if losses:
         in_gradient -= sum(
             getattr(v, "regularizer", None) is not None
             for v in model.trainable_weights

@@ -144,9 +144,7 @@ class _Hooks:
                 trainable, non_trainable, x, return_losses=True, training=True
             )
             values = _filtering.row_values(model.loss, y, y_pred)
-            penalty = _filtering.penalty(
-                model, losses, weights_in_gradient=False
-            )
+            penalty = _filtering.penalty(model, losses)
             loss = keras.ops.sum(coefficients * values) + penalty
             with keras.StatelessScope(state_mapping=optimizer_mapping):
                 scaled = model.optimizer.scale_loss(loss)

@@ -183,9 +183,7 @@ class _Hooks:
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
             values = _filtering.row_values(model.loss, y, y_pred)
-            penalty = _filtering.penalty(
-                model, model.losses, weights_in_gradient=False
-            )
+            penalty = _filtering.penalty(model, model.losses)
             loss = tf.reduce_sum(coefficients * values) + penalty
             scaled = model.optimizer.scale_loss(loss)
         grads = _dense_grads(tape.gradient(scaled, variables), variables)

@@ -218,9 +218,7 @@ class _Hooks:
             y_pred = model.inner_model(x, training=True)
             model.zero_grad()
             values = _filtering.row_values(model.loss, y, y_pred)
-            penalty = _filtering.penalty(
-                model, model.losses, weights_in_gradient=False
-            )
+            penalty = _filtering.penalty(model, model.losses)
             loss = torch.sum(coefficients * values) + penalty
             model.optimizer.scale_loss(loss).backward()
         grads = _gradients(variables)

@@ -256,12 +256,14 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         loss-scaled sum of `variables`' regularization penalties at
         `values`, over `divisor` (the replicas whose gradients an optimizer
         sums); `mean` itself without `regularize_weights` or penalties."""
+        if not self.regularize_weights:
+            return mean
         regularized = [
             i
             for i, v in enumerate(variables)
             if getattr(v, "regularizer", None) is not None
         ]
-        if not self.regularize_weights or not regularized:
+        if not regularized:
             return mean
 
         def scaled_penalty(weights):
