@@ -46,6 +46,11 @@ echo "== graph_updates: MiniLM's step under XLA's command buffer log"
     | grep -a -E "command buffer|commands in" > "$OUT/graph_updates_log.txt"; } \
     3> "$OUT/graph_updates_run.txt"
 python3 lab/graph_updates.py "$OUT/graph_updates_log.txt" | tee "$OUT/graph_updates.txt"
+# If the temporary buffer is what moves: XLA (jaxlib 0.11 on) can give it
+# a fixed address, so that no update touches the commands that use it.
+XLA_FLAGS=--xla_gpu_command_buffer_update_mode=SKIP_TEMP \
+    run gpu_check_jax_skip_temp 90 jax benchmarks/gpu_check.py \
+    --shape minilm --variants softmax,skip_masked --rounds 2
 run cond_cost_small_kernels 90 jax lab/cond_cost.py --rows 32 --layers 48
 XLA_FLAGS=--xla_gpu_enable_command_buffer= \
     run cond_cost_no_graphs 90 jax lab/cond_cost.py

@@ -803,6 +803,7 @@ def filtered(strategy, make_filter, jit_compile, batch=8):
         "weights": [w.tolist() for w in model.inner_model.get_weights()],
         "trained": hist["trained_fraction"],
         "masked": hist["masked_ratio"],
+        "loss": hist["loss"],
         "memory": None if memory is None else memory.numpy().tolist(),
     }
 
@@ -834,6 +835,7 @@ for name, (make_filter, jit_compile) in filter_cases.items():
         ),
         "trained": [one["trained"], two["trained"]],
         "masked": [one["masked"], two["masked"]],
+        "loss": [one["loss"], two["loss"]],
         "memory_equal": one["memory"] == two["memory"],
     }
 
@@ -885,6 +887,8 @@ def test_mirrored_strategy_matches_single_device():
         assert case["diff"] < 1e-5, name
         assert case["trained"][0] == case["trained"][1], name
         np.testing.assert_allclose(*case["masked"], err_msg=name)
+        # The logged loss holds the kernel's penalty once, as on one device.
+        np.testing.assert_allclose(*case["loss"], rtol=1e-5, err_msg=name)
         assert case["memory_equal"], name
         assert min(case["trained"][0]) < 0.5, name  # samples left out
     error = result["odd_batch_error"]

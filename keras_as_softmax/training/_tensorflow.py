@@ -92,6 +92,10 @@ class _Hooks:
         # global batch on every replica and take the same decisions; each
         # pass runs on the replica's slice of its rows.
         self.context = context
+        # Set when a trace of the scoring pass finds regularization losses:
+        # without them its penalty is a constant zero, and the replicas'
+        # sum needs no collective.
+        self._scored_penalty = False
 
     def maybe_score(self, pred, x):
         """`(y_pred, penalty)` of the scoring pass if `pred`, else zeros.
@@ -103,7 +107,7 @@ class _Hooks:
             return self._no_output(rows), tf.zeros((), "float32")
 
         y_pred, penalty = tf.cond(pred, lambda: self._score(rows), skip)
-        if self.context is not None:
+        if self.context is not None and self._scored_penalty:
             penalty = self.context.all_reduce("sum", penalty)
         return self.gather(y_pred), penalty
 
@@ -163,7 +167,7 @@ class _Hooks:
         model = self.model
         if not model._score_training:
             y_pred = model(x, training=False)
-            return tf.identity(y_pred), _filtering.penalty(model, model.losses)
+            return tf.identity(y_pred), self._score_penalty()
         saved_variables = [
             v
             for v in model.inner_model.non_trainable_variables
@@ -175,7 +179,12 @@ class _Hooks:
         with tf.control_dependencies(tf.nest.flatten(y_pred)):
             for v, value in zip(saved_variables, saved):
                 v.assign(value)
-        return tf.identity(y_pred), _filtering.penalty(model, model.losses)
+        return tf.identity(y_pred), self._score_penalty()
+
+    def _score_penalty(self):
+        losses = self.model.losses
+        self._scored_penalty = bool(losses)
+        return _filtering.penalty(self.model, losses)
 
     def _train_pass(self, x, y, coefficients):
         model = self.model
