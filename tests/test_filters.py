@@ -1104,12 +1104,17 @@ def _scoring_every_batch(**regularizers):
 
 
 @pytest.mark.filterwarnings("ignore:ASSpeed's sample filters skip")
-@pytest.mark.parametrize("penalties", [False, True])
-def test_training_logs_cover_the_drawn_batches(penalties):
+@pytest.mark.parametrize(
+    "penalties, batch_size",
+    [(False, 4), (True, 4), (False, 3)],
+    ids=["plain", "penalties", "partial_last_batch"],
+)
+def test_training_logs_cover_the_drawn_batches(penalties, batch_size):
     """With a scoring pass, the training loss and accuracy are those of
     the drawn batches, as a plain step's are, not of the hard samples that
     a training pass ran on; the loss holds the regularization penalties
-    (a weight's and an activity's), as Keras's does."""
+    (a weight's and an activity's), as Keras's does. An epoch's last,
+    smaller batch is scored as it comes and weighs in by its size."""
     x, y, _ = two_batches()
     regularizers = {}
     if penalties:
@@ -1118,16 +1123,49 @@ def test_training_logs_cover_the_drawn_batches(penalties):
             "activity_regularizer": keras.regularizers.L1(0.001),
         }
     wrapped = _scoring_every_batch(**regularizers)
-    logs = wrapped.fit(x, y, batch_size=4, epochs=1, verbose=0).history
-    assert logs["trained_fraction"] == [0.5]
+    logs = wrapped.fit(x, y, batch_size=batch_size, epochs=1, verbose=0)
+    logs = logs.history
+    # 4 hard rows of 8: one training pass of `batch_size` rows, over two
+    # drawn batches or three (the last of 2 rows).
+    expected = 1 / 2 if batch_size == 4 else 1 / 3
+    assert logs["trained_fraction"] == [pytest.approx(expected)]
+    assert logs["scored_fraction"] == [1.0]
     evaluated = wrapped.evaluate(
-        x, y, batch_size=4, verbose=0, return_dict=True
+        x, y, batch_size=batch_size, verbose=0, return_dict=True
     )
     assert logs["accuracy"][0] == pytest.approx(evaluated["accuracy"])
     assert logs["loss"][0] == pytest.approx(evaluated["loss"], rel=1e-5)
     # Evaluation runs no training pass: it reports no training shares.
     assert "trained_fraction" not in evaluated
     assert "scored_fraction" not in evaluated
+
+
+@pytest.mark.parametrize("memory", [False, True], ids=["scoring", "memory"])
+def test_unweighted_metrics_skip_the_rows_the_logs_do_not_cover(memory):
+    """Keras gives no sample weight to the compiled `metrics`: a step's
+    padding (an epoch's short last batch) and the rows of a training pass
+    that did not run (a memory filter's) still stay out of them, as out of
+    `weighted_metrics`."""
+    x, y = sentence_data(60)  # batches of 8, the last of 4
+    chosen = (
+        filters.SkipMaskedLastSeen(60, revisit=0.2, seed=0)
+        if memory
+        else filters.SkipMasked(0.0, warmup_epochs=0)
+    )
+    wrapped = kas.ASSpeed(small_model(), sample_filter=chosen)
+    wrapped.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=kas.ASSoftmaxLoss(0.3),
+        metrics=["accuracy"],
+        weighted_metrics=["accuracy"],
+        jit_compile=JIT[0],
+    )
+    inputs = filters.with_sample_ids(x) if memory else x
+    logs = wrapped.fit(inputs, y, batch_size=8, epochs=4, verbose=0).history
+    assert min(logs["trained_fraction"]) < 0.9  # steps without a pass
+    np.testing.assert_allclose(
+        logs["accuracy"], logs["weighted_accuracy"], rtol=1e-6
+    )
 
 
 def test_fit_warns_that_activity_penalties_act_in_training_passes_only():

@@ -58,13 +58,15 @@ class StepOutput(NamedTuple):
     masked_rows: float  # masked rows among them
     y: object  # labels of the rows the metrics cover
     y_pred: object  # their predictions (zeros if no pass ran)
-    metric_weight: object  # per-row metric weight (0 if no pass ran)
+    metric_weight: object  # per-row metric weight (0 if not covered)
+    covered: object  # per-row 1.0 where the logs cover the row, else 0.0
     loss: object  # the loss of those rows (0 if no pass ran)
     loss_weight: object  # float32 scalar: the loss's weight in the mean
 
     def metric_args(self, inputs):
-        """`(x, y, y_pred, sample_weight)` for the step's metrics."""
-        return inputs, self.y, self.y_pred, self.metric_weight
+        """`(x, y, y_pred, sample_weight, covered)` for the step's
+        metrics (`ASSpeed._step_metrics`)."""
+        return inputs, self.y, self.y_pred, self.metric_weight, self.covered
 
 
 def row_flags(loss, y, values, sample_weight):
@@ -242,6 +244,15 @@ def _pass_flags(loss, rows, y, y_pred, ran, values=None):
 def _rows_of(flag, rows):
     """The scalar `flag` for every row of `rows`."""
     return ops.logical_and(ops.ones_like(rows.counted) > 0, flag)
+
+
+def _pad_rows(t, size):
+    """`t` with rows of zeros after its own, up to `size` rows."""
+    rows = ops.shape(t)[0]
+    if isinstance(rows, int) and rows == size:
+        return t
+    zeros = ops.zeros((size - rows, *ops.shape(t)[1:]), t.dtype)
+    return ops.concatenate([t, zeros], axis=0)
 
 
 def _broadcast_rows(values, rows):
@@ -495,7 +506,14 @@ def filtered_step(
     )
     state = state._replace(states=_observe(filters, states, seen))
     trained = ops.cast(full, "float32")
-    train_out = (train_y, y_pred, rows.metric_weight * trained, value, trained)
+    train_out = (
+        train_y,
+        y_pred,
+        rows.metric_weight * trained,
+        ops.ones_like(rows.metric_weight) * trained,
+        value,
+        trained * size,
+    )
     output = _output(
         grads,
         trained,
@@ -514,18 +532,28 @@ def _output(
 ):
     """The `StepOutput`. The logs cover what a plain step's would, the rows
     drawn, where a scoring pass saw them; else the rows a training pass ran
-    on (`train_out`: labels, predictions, metric weights, loss, loss
-    weight)."""
-    metric_y, metric_pred, metric_weight, value, loss_weight = train_out
+    on (`train_out`: labels, predictions, metric weights, the rows
+    covered, loss, and the loss's weight in the epoch's mean: its rows, as
+    Keras weighs a batch's loss by its size)."""
+    metric_y, metric_pred, metric_weight, covered, value, loss_weight = (
+        train_out
+    )
     if scored_rows is not None:
         score_y, score_pred, score_rows, score_values, penalty = scored_rows
-        pick = lambda a, b: ops.where(go, a, b)  # noqa: E731
+        # A drawn batch smaller than a training pass's (an epoch's last)
+        # is scored as it is; for the logs, zero rows that they do not
+        # cover pad it to the pass's rows.
+        drawn = ops.shape(score_rows.metric_weight)[0]
+        pass_rows = ops.shape(metric_weight)[0]
+        pad = lambda t: _pad_rows(t, pass_rows)  # noqa: E731
+        pick = lambda a, b: ops.where(go, pad(a), b)  # noqa: E731
         metric_y = keras.tree.map_structure(pick, score_y, metric_y)
         metric_pred = pick(score_pred, metric_pred)
         metric_weight = pick(score_rows.metric_weight, metric_weight)
+        covered = pick(ops.ones_like(score_rows.metric_weight), covered)
         score_value = ops.sum(score_rows.coefficients * score_values)
-        value = pick(score_value + penalty, value)
-        loss_weight = pick(1.0, loss_weight)
+        value = ops.where(go, score_value + penalty, value)
+        loss_weight = ops.where(go, ops.cast(drawn, "float32"), loss_weight)
     return StepOutput(
         grads=grads,
         trained=trained,
@@ -535,6 +563,7 @@ def _output(
         y=metric_y,
         y_pred=metric_pred,
         metric_weight=metric_weight,
+        covered=covered,
         loss=value,
         loss_weight=loss_weight,
     )

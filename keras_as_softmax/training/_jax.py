@@ -201,7 +201,7 @@ class ASSpeedTrainer:
             non_trainable = list(non_trainable)
             masked, rows = self._count_masked(y, y_pred, sample_weight)
             loss_weight = keras.tree.flatten(x)[0].shape[0]
-            metric_args = (x, y, y_pred, sample_weight)
+            metric_args = (x, y, y_pred, sample_weight, None)
             trained, scored = 1.0, None
 
         trainable, optimizer_vars = self.optimizer.stateless_apply(

@@ -275,7 +275,7 @@ class ASSpeedTrainer:
             masked, rows = self._count_masked(y, y_pred, sample_weight)
             if replicas > 1:  # the rule counts the global batch
                 masked, rows = context.all_reduce("sum", [masked, rows])
-            metric_args = (x, y, y_pred, sample_weight)
+            metric_args = (x, y, y_pred, sample_weight, None)
             trained, scored = tf.constant(1.0), None
             self._loss_tracker.update_state(
                 loss * replicas, sample_weight=_batch_size(x)

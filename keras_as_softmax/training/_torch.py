@@ -301,7 +301,7 @@ class ASSpeedTrainer:
             grads = _gradients(variables)
             with torch.no_grad():
                 masked, rows = _counts(self, recorded, y, y_pred, sample_weight)
-            metric_args = (inputs, y, y_pred, sample_weight)
+            metric_args = (inputs, y, y_pred, sample_weight, None)
             trained, scored = 1.0, None
         with torch.no_grad():
             self.optimizer.apply(

@@ -669,11 +669,34 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         return super().compute_metrics(x, y, y_pred, sample_weight)
 
     def _step_metrics(
-        self, x, y, y_pred, sample_weight, counts, trained, scored=None
+        self, x, y, y_pred, sample_weight, covered, counts, trained, scored=None
     ):
-        """The train step's metric updates: counts it already has."""
+        """The train step's metric updates: counts it already has.
+
+        A filtered step's rows have static shapes: besides those its logs
+        cover (the drawn batch, or a training pass's rows), they hold a
+        short batch's padding or the rows of a pass that did not run.
+        `covered` is 1.0 on the rows that count. Keras gives no sample
+        weight to the compiled `metrics` (only to `weighted_metrics`, which
+        get `sample_weight`, 0 where not covered), so they get `covered`.
+        """
         self.shares_tracker.update_shares(counts, trained, scored)
-        return keras.Model.compute_metrics(self, x, y, y_pred, sample_weight)
+        metrics = self._compile_metrics
+        if covered is None or metrics is None:
+            return keras.Model.compute_metrics(
+                self, x, y, y_pred, sample_weight
+            )
+        if not metrics.built:
+            metrics.build(y, y_pred)
+        # One output: sample filters refuse models with more.
+        y, y_pred = metrics._flatten_y(y)[0], metrics._flatten_y(y_pred)[0]
+        for unweighted in metrics._flat_metrics:
+            if unweighted:
+                unweighted.update_state(y, y_pred, sample_weight=covered)
+        for weighted in metrics._flat_weighted_metrics:
+            if weighted:
+                weighted.update_state(y, y_pred, sample_weight=sample_weight)
+        return self.get_metrics_result()
 
     # ------------------------------------------------------ data and fit
 
