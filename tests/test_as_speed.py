@@ -299,6 +299,57 @@ def test_resume_mid_window_with_backup_and_restore(tmp_path):
     assert resumed.accumulation_steps == reference.accumulation_steps
 
 
+@pytest.mark.parametrize("sample_filter", [None, "skip_masked"])
+def test_callbacks_read_the_current_weights_mid_epoch(sample_filter):
+    # On JAX, a callback that touches `self.model` syncs the step's state
+    # (`_jax_state`) back into the variables: it sees the weights as they
+    # are, which change only when a window of 2 micro-batches ends.
+    x, y = data(40)
+
+    def fresh():
+        wrapped = kas.ASSpeed(
+            make_model(),
+            lam=0.5,
+            max_steps=2,
+            sample_filter=sample_filter and kas.filters.SkipMasked(),
+        )
+        wrapped.accumulation_steps = 2
+        wrapped.compile(
+            optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT
+        )
+        return wrapped
+
+    class ReadWeights(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen.append(self.model.inner_model.get_weights())
+
+    reference = fresh()
+    reference.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    reader, read = fresh(), ReadWeights()
+    reader.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[read],
+    )
+    assert max_weight_diff(reference, reader) == 0.0
+    final = reader.inner_model.get_weights()
+    assert all(np.array_equal(a, b) for a, b in zip(read.seen[-1], final))
+    changed = [
+        not all(np.array_equal(a, b) for a, b in zip(before, after))
+        for before, after in zip(read.seen, read.seen[1:])
+    ]
+    # The second, fourth, ... of the 20 batches end a window.
+    assert changed[0] and not any(changed[1::2])
+
+
 def test_keras_file_keeps_wrapper_and_counters(tmp_path):
     x, y = data(40)
     wrapped = kas.ASSpeed(make_model(), lam=3.0, max_steps=3, name="as_speed")

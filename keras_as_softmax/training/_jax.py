@@ -160,6 +160,17 @@ class ASSpeedTrainer:
     """`train_step` of `ASSpeed` on JAX: Keras's own `make_train_function`
     compiles it into one program (`jax.jit` with the state donated)."""
 
+    def __setattr__(self, name, value):
+        # Keras's JAX `fit` and `evaluate` keep each step's state arrays in
+        # `_jax_state`, for a callback to sync. `Layer.__setattr__` would
+        # walk that dict for variables to track (there are none), which
+        # costs the host about 2 us an array on every step: 0.65 ms for
+        # MiniLM's 335 (`benchmarks/RESULTS.md`, step overhead).
+        if name == "_jax_state":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     def train_step(self, state, data):
         trainable, non_trainable, optimizer_vars, metrics_vars = state
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
