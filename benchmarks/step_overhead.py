@@ -16,6 +16,10 @@ The variants:
   (`masked_ratio`, `accum_steps`): Keras reads each entry of every
   step's logs on the host (on JAX and PyTorch in a thread beside the
   training loop, on TensorFlow in it).
+* `keras_untracked` (not run by default): the plain model keeping Keras's
+  per-step `_jax_state` out of attribute tracking, as `ASSpeed` does on
+  JAX (elsewhere the same as `keras`): what the plain step costs without
+  that host work, for a ratio that leaves it out.
 * `as_speed`: `ASSpeed(model)`, the paper's accumulation (lam 0.5, cap 4).
 * `skip_masked`: `ASSpeed(model, sample_filter=SkipMasked())`.
 * `pair`: `[SkipMaskedLastSeen(n), SkipMasked()]`.
@@ -83,9 +87,26 @@ def make_data(n, seed=0):
     return x, y
 
 
+class UntrackedSequential(keras.Sequential):
+    """`keras.Sequential` that sets Keras's per-step `_jax_state` (a dict of
+    the step's arrays) as `ASSpeed` does on JAX: without
+    `Layer.__setattr__`'s walk of it."""
+
+    def __setattr__(self, name, value):
+        if name == "_jax_state":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
+
 def make_model(variant, n, args):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential(
+    sequential = (
+        UntrackedSequential
+        if variant == "keras_untracked"
+        else keras.Sequential
+    )
+    model = sequential(
         [
             keras.Input((16,)),
             keras.layers.Dense(32, activation="relu"),
@@ -99,6 +120,7 @@ def make_model(variant, n, args):
     filters = {
         "keras": lambda: None,
         "keras_metrics": lambda: None,
+        "keras_untracked": lambda: None,
         "as_speed": lambda: [],
         "skip_masked": lambda: [kas.filters.SkipMasked()],
         "pair": lambda: [

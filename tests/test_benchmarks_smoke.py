@@ -64,6 +64,7 @@ def test_step_overhead_quick_prints_every_variant():
     variants = (
         "keras",
         "keras_metrics",
+        "keras_untracked",
         "as_speed",
         "skip_masked",
         "pair",
@@ -555,6 +556,27 @@ def test_step_program_counts_each_variants_compiled_step():
             totals[name] = int(total)
     assert list(totals) == ["keras", "as_speed", "skip_masked", "pair"], out
     assert totals["keras"] < totals["as_speed"] < totals["skip_masked"], out
+
+
+STATE_TRACKING = LAB / "state_tracking.py"
+
+
+def test_state_tracking_quick_times_both_assignments():
+    """`lab/state_tracking.py --quick`: per model its state arrays (the
+    MLP's 4 weights, Adam's 10 variables, the loss tracker's 2) and a
+    finite time for each way of setting `_jax_state`."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("one run is enough: the script runs on JAX")
+    out = run_quick(STATE_TRACKING, "jax", 240)
+    rows = {}
+    for line in out.splitlines():
+        words = line.split()
+        if words and words[0] in ("mlp", "tiny"):
+            rows[words[0]] = [float(w) for w in words[1:]]
+    assert list(rows) == ["mlp", "tiny"], out
+    assert rows["mlp"][0] == 16 and rows["tiny"][0] > 16, out
+    times = [t for row in rows.values() for t in row[1:]]
+    assert all(math.isfinite(t) and t > 0 for t in times), out
 
 
 def test_graph_updates_reads_xla_command_buffer_log(capsys):
