@@ -50,6 +50,28 @@ def median_seconds(fn, calls, repeats=7):
     return statistics.median(times)
 
 
+def time_assignments(model, calls):
+    """`(arrays, tracked, direct)`: the state arrays, and the seconds of
+    `model._jax_state = state` through `Layer.__setattr__` and directly."""
+    model.optimizer.build(model.trainable_variables)
+    names = (
+        "trainable_variables",
+        "non_trainable_variables",
+        "optimizer_variables",
+        "metrics_variables",
+    )
+    state = dict(zip(names, model._get_jax_state(**dict.fromkeys(names, True))))
+
+    def tracked():
+        model._jax_state = state
+
+    def direct():
+        object.__setattr__(model, "_jax_state", state)
+
+    arrays = sum(len(v) for v in state.values())
+    return arrays, median_seconds(tracked, calls), median_seconds(direct, calls)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mlp,tiny,minilm,bert_base")
@@ -61,36 +83,9 @@ def main(argv=None):
     print(f"keras={keras.__version__} backend={keras.backend.backend()}")
     print(f"{'model':<12}{'arrays':>8}{'tracked us':>12}{'direct us':>11}")
     for name in args.models.split(","):
-        model = build(name)
-        model.optimizer.build(model.trainable_variables)
-        state = dict(
-            zip(
-                (
-                    "trainable_variables",
-                    "non_trainable_variables",
-                    "optimizer_variables",
-                    "metrics_variables",
-                ),
-                model._get_jax_state(
-                    trainable_variables=True,
-                    non_trainable_variables=True,
-                    optimizer_variables=True,
-                    metrics_variables=True,
-                ),
-            )
-        )
-        arrays = sum(len(v) for v in state.values())
-
-        def tracked():
-            model._jax_state = state
-
-        def direct():
-            object.__setattr__(model, "_jax_state", state)
-
-        seconds = [median_seconds(f, args.calls) for f in (tracked, direct)]
+        arrays, tracked, direct = time_assignments(build(name), args.calls)
         print(
-            f"{name:<12}{arrays:>8}"
-            f"{1e6 * seconds[0]:>12.1f}{1e6 * seconds[1]:>11.1f}"
+            f"{name:<12}{arrays:>8}{1e6 * tracked:>12.1f}{1e6 * direct:>11.1f}"
         )
 
 

@@ -163,9 +163,9 @@ class ASSpeedTrainer:
     def __setattr__(self, name, value):
         # Keras's JAX `fit` and `evaluate` keep each step's state arrays in
         # `_jax_state`, for a callback to sync. `Layer.__setattr__` would
-        # walk that dict for variables to track (there are none), which
-        # costs the host about 2 us an array on every step: 0.65 ms for
-        # MiniLM's 335 (`benchmarks/RESULTS.md`, step overhead).
+        # walk that dict for variables to track (there are none) on every
+        # step, at a host cost that grows with the arrays: 0.7-0.8 ms for
+        # MiniLM's 335 (`lab/state_tracking.py`).
         if name == "_jax_state":
             object.__setattr__(self, name, value)
         else:
