@@ -81,5 +81,7 @@ if python3 -m pip install -q --no-index --no-deps --no-compile \
 fi
 run gpu_check_jax_bert_base 200 jax benchmarks/gpu_check.py --shape bert_base \
     --variants softmax,as_speed,skip_masked
-run step_overhead_jax 50 jax benchmarks/step_overhead.py --rounds 7
+run step_overhead_jax 50 jax benchmarks/step_overhead.py --rounds 7 \
+    --variants keras,keras_untracked,as_speed,skip_masked,pair,selective_backprop
+run state_tracking 30 jax lab/state_tracking.py --models mlp,minilm,bert_base
 run gpu_check_torch 130 torch benchmarks/gpu_check.py --shape minilm --jit-compile auto
