@@ -37,35 +37,45 @@ def time_epochs(fits, warmup, rounds):
         rounds: timed epochs of each model.
 
     Returns:
-        `(seconds, logs)`: `{name: [seconds of each timed epoch]}` and
-        `{name: logs of its last epoch}`.
+        `(seconds, logs, host)`: `{name: [seconds of each timed epoch]}`,
+        `{name: logs of its last epoch}` and `{name: [the calling thread's
+        CPU seconds in each timed epoch]}`. The last is the host's share
+        of an epoch on an accelerator (Keras's loop, dispatching the
+        steps, the data): where it is close to the wall time, the steps
+        wait for the host. On a CPU it also holds whatever compute runs
+        in the calling thread.
     """
     epoch = dict.fromkeys(fits, 0)
     logs = {}
 
     def run(name):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         logs[name] = fits[name](epoch[name])
         epoch[name] += 1
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.thread_time() - cpu
 
     for name in fits:
         for _ in range(warmup):
             run(name)
     seconds = {name: [] for name in fits}
+    host = {name: [] for name in fits}
     for _ in range(rounds):
         for name in fits:
-            seconds[name].append(run(name))
-    return seconds, logs
+            wall, cpu = run(name)
+            seconds[name].append(wall)
+            host[name].append(cpu)
+    return seconds, logs, host
 
 
-def print_table(seconds, logs, steps, reference):
+def print_table(seconds, logs, steps, reference, host=None):
     """Per-step medians and their ratios to `reference`'s, with the
-    filters' shares of the last epoch."""
+    filters' shares of the last epoch, and with `host` (`time_epochs`'s)
+    the median host milliseconds a step."""
     base = statistics.median(seconds[reference]) / steps
     print(
         f"{'variant':<28}{'ms/step':>9}{'ratio':>8}"
         f"{'trained':>9}{'scored':>8}{'masked':>8}"
+        + (f"{'host ms':>9}" if host else "")
     )
     for name, times in seconds.items():
         median = statistics.median(times) / steps
@@ -75,4 +85,9 @@ def print_table(seconds, logs, steps, reference):
             f"{last.get('trained_fraction', 1.0):>9.2f}"
             f"{last.get('scored_fraction', 0.0):>8.2f}"
             f"{last.get('masked_ratio', float('nan')):>8.2f}"
+            + (
+                f"{1e3 * statistics.median(host[name]) / steps:>9.3f}"
+                if host
+                else ""
+            )
         )

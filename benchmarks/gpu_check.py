@@ -22,8 +22,10 @@ The variants, each a fresh model from the same seed:
 After `--warmup` epochs each (compilation, the filters' warm-up epoch,
 masking), the variants train one epoch in turn, `--rounds` times, in one
 process. The table prints each variant's median time per step, its ratio
-to `softmax`'s, and the trained, scored and masked fractions of its last
-epoch. Then the verdicts on the two claims this checks:
+to `softmax`'s, the trained, scored and masked fractions of its last
+epoch, and the host's time a step (`host ms`: this thread's CPU time,
+Keras's loop and the dispatch; near the step's time, the GPU waits for
+the host). Then the verdicts on the two claims this checks:
 
 * (a) an `ASSpeed` step costs at most 1.05x a softmax step;
 * (b) with a filter, training is at least 1.5x faster end to end (at most
@@ -373,10 +375,10 @@ def check_shape(name, shape, args):
         inputs = kas.filters.with_sample_ids(x) if variant == "pair" else x
         fits[variant] = epoch_fit(model, inputs, y, args.batch_size)
         models[variant], data[variant] = model, (inputs, y)
-    seconds, logs = time_epochs(fits, args.warmup, args.rounds)
+    seconds, logs, host = time_epochs(fits, args.warmup, args.rounds)
     print(f"\n== {name}: " + ", ".join(f"{k} {v}" for k, v in shape.items()))
     steps = math.ceil(args.samples / args.batch_size)
-    print_table(seconds, logs, steps, reference="softmax")
+    print_table(seconds, logs, steps, reference="softmax", host=host)
     print_verdicts(seconds, logs)
     if args.trace:
         trace_steps(models, data, os.path.join(args.trace, name), args)

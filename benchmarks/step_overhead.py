@@ -150,7 +150,7 @@ def main(argv=None):
         model = make_model(variant, args.samples, args)
         inputs = kas.filters.with_sample_ids(x) if variant == "pair" else x
         fits[variant] = epoch_fit(model, inputs, y, args.batch_size)
-    seconds, logs = time_epochs(fits, args.warmup, args.rounds)
+    seconds, logs, _ = time_epochs(fits, args.warmup, args.rounds)
     print(
         f"keras={keras.__version__} backend={keras.backend.backend()} "
         f"samples={args.samples} "

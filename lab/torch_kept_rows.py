@@ -246,7 +246,7 @@ def main(argv=None):
         )
         for variant in ("keras", "as_speed", *DESIGNS)
     }
-    seconds, logs = time_epochs(fits, args.warmup, args.rounds)
+    seconds, logs, _ = time_epochs(fits, args.warmup, args.rounds)
     print(
         f"backend={keras.backend.backend()} filter={args.filter} "
         f"hidden={args.hidden} "

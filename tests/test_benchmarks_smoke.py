@@ -317,11 +317,11 @@ GRAPH_UPDATES = LAB / "graph_updates.py"
 
 def _gpu_check_rows(out, variants):
     """`gpu_check.py`'s table: `{variant: [ms/step, ratio, trained, scored,
-    masked]}`, as printed, the ratio without its `x`."""
+    masked, host ms]}`, as printed, the ratio without its `x`."""
     rows = {}
     for line in out.splitlines():
         words = line.split()
-        if len(words) == 6 and words[0] in variants:
+        if len(words) == 7 and words[0] in variants:
             rows[words[0]] = [word.rstrip("x") for word in words[1:]]
     return rows
 
@@ -344,8 +344,9 @@ def test_gpu_check_quick_trains_without_tensorflow(tmp_path):
     for name, numbers in rows.items():
         # Plain Keras models log no masked ratio.
         if name in ("softmax", "as_softmax"):
-            assert numbers.pop() == "nan", out
+            assert numbers.pop(4) == "nan", out
         assert all(math.isfinite(float(n)) for n in numbers), out
+        assert float(numbers[-1]) > 0, out  # the host's time a step
     for name in ("skip_masked", "pair"):
         trained, scored = float(rows[name][2]), float(rows[name][3])
         assert trained < 1 and scored > 0, out
