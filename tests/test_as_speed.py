@@ -327,18 +327,10 @@ def test_callbacks_read_the_current_weights_mid_epoch(sample_filter):
         def on_train_batch_end(self, batch, logs=None):
             self.seen.append(self.model.inner_model.get_weights())
 
-    reference = fresh()
-    reference.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
-    reader, read = fresh(), ReadWeights()
-    reader.fit(
-        x,
-        y,
-        batch_size=4,
-        epochs=2,
-        shuffle=False,
-        verbose=0,
-        callbacks=[read],
-    )
+    settings = dict(batch_size=4, epochs=2, shuffle=False, verbose=0)
+    reference, reader, read = fresh(), fresh(), ReadWeights()
+    reference.fit(x, y, **settings)
+    reader.fit(x, y, callbacks=[read], **settings)
     assert max_weight_diff(reference, reader) == 0.0
     final = reader.inner_model.get_weights()
     assert all(np.array_equal(a, b) for a, b in zip(read.seen[-1], final))
