@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import keras
 from keras import ops
-from keras.src.backend import get_keras_mask
+from keras.src.backend.common.masking import get_keras_mask
 
 from keras_as_softmax.filters.base import Seen
 from keras_as_softmax.filters.base import View
