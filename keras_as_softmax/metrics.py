@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_as_softmax.losses._common import ignore_class_of
 from keras_as_softmax.losses._common import rows_rank
 from keras_as_softmax.losses._common import valid_rows
 
@@ -29,9 +30,7 @@ def masked_rows(loss, y_true, y_pred, sample_weight=None):
     y_pred = ops.convert_to_tensor(y_pred, dtype=loss.dtype)
     values = loss.call(y_true, y_pred)
     counted = ops.ones_like(values, dtype="bool")
-    valid = valid_rows(
-        y_true, ops.shape(values), getattr(loss, "ignore_class", None)
-    )
+    valid = valid_rows(y_true, ops.shape(values), ignore_class_of(loss))
     if valid is not None:
         counted = valid
     values = ops.stop_gradient(values)

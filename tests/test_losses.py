@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 from keras import ops
+from keras.src.losses.losses import LossFunctionWrapper
 
 import keras_as_softmax as kas
 from tests import reference
@@ -663,6 +664,13 @@ def test_masked_rows_reads_the_mask_of_any_keras_loss():
         kas.ASSoftmaxLoss(0.3, ignore_class=-1),
         keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, ignore_class=-1
+        ),
+        # `ignore_class` only in the function's keyword arguments, where
+        # Keras's own losses keep it after 3.15.
+        LossFunctionWrapper(
+            keras.losses.sparse_categorical_crossentropy,
+            from_logits=True,
+            ignore_class=-1,
         ),
     ):
         masked, counted = kas.masked_rows(loss, labels, logits)

@@ -373,6 +373,16 @@ def mask_rows(values, valid):
     return ops.where(valid, values, 0.0)
 
 
+def ignore_class_of(loss):
+    """The `ignore_class` a loss leaves out, or `None`. Keras's own losses
+    keep it in their function's keyword arguments (`_fn_kwargs`), which
+    later Kerases no longer copy to an attribute; ours keep both."""
+    ignore_class = getattr(loss, "ignore_class", None)
+    if ignore_class is None:
+        ignore_class = getattr(loss, "_fn_kwargs", {}).get("ignore_class")
+    return ignore_class
+
+
 def valid_rows(y_true, row_shape, ignore_class):
     """Rows whose integer label is not `ignore_class` (bool, `row_shape`),
     or `None` when `ignore_class` is `None`."""

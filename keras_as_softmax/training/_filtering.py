@@ -39,6 +39,7 @@ from keras.src.backend.common.masking import get_keras_mask
 
 from keras_as_softmax.filters.base import Seen
 from keras_as_softmax.filters.base import View
+from keras_as_softmax.losses._common import ignore_class_of
 from keras_as_softmax.losses._common import rows_rank
 from keras_as_softmax.losses._common import valid_rows
 from keras_as_softmax.training import _queue
@@ -120,7 +121,7 @@ def check_no_keras_mask(loss, outputs, names=()):
         if get_keras_mask(output) is None:
             continue
         output_loss = pick(loss, name, names) if name in names else loss
-        if getattr(output_loss, "ignore_class", None) is None:
+        if ignore_class_of(output_loss) is None:
             output = "the output" if name is None else f"output {name!r}"
             raise ValueError(
                 "ASSpeed counts the rows of a batch by their labels, not "
@@ -184,7 +185,7 @@ def _to_rows(weight, rows):
 
 def row_valid(loss, y, row_shape):
     """Rows that are not `ignore_class`, from the labels alone."""
-    valid = valid_rows(y, row_shape, getattr(loss, "ignore_class", None))
+    valid = valid_rows(y, row_shape, ignore_class_of(loss))
     return ops.ones(row_shape, "bool") if valid is None else valid
 
 
@@ -198,7 +199,7 @@ def row_coefficients(loss, y, sample_weight, row_shape):
     if loss.reduction == "sum_over_batch_size":
         denominator = (
             ops.sum(valid)
-            if getattr(loss, "ignore_class", None) is not None
+            if ignore_class_of(loss) is not None
             else (ops.cast(ops.size(valid), "float32"))
         )
         coefficients = coefficients / ops.maximum(denominator, 1.0)
