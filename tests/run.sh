@@ -2,7 +2,8 @@
 # Sets up what the tests need and runs them: ruff, the whole suite on
 # TensorFlow, the loss suite on JAX and PyTorch, the training suite on
 # PyTorch, and on JAX twice: with the jax that Python 3.11 gets (0.10.2), and
-# with the newest jax on Python 3.12 (tests/run_jax_latest.sh). Each suite
+# with the newest jax on Python 3.12 (tests/run_jax_latest.sh), then under
+# Keras's next release (tests/run_keras_next.sh). Each suite
 # runs its tests in parallel (tests/suites.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,3 +18,4 @@ KERAS_BACKEND=jax python -m pytest "${pytest_args[@]}" "${training_tests[@]}" "$
 KERAS_BACKEND=torch python -m pytest "${pytest_args[@]}" -m multibackend "${loss_tests[@]}" "$@"
 KERAS_BACKEND=torch python -m pytest "${pytest_args[@]}" "${training_tests[@]}" "$@"
 bash tests/run_jax_latest.sh "$@"
+bash tests/run_keras_next.sh "$@"

@@ -1059,6 +1059,42 @@ def test_selective_backprop_trains_its_share_of_any_loss(jit_compile):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_a_keras_loss_ignore_class_leaves_its_rows_out_under_a_filter():
+    """Keras's own loss with `ignore_class`, which Keras after 3.15 keeps
+    only in its function's arguments: in a filter's warm-up epoch, which
+    trains every row, the ignored rows weigh nothing and the mean is over
+    the others, so the weights are those of a plain Keras fit."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 5, 6)).astype("float32")
+    y = x[..., :NUM_CLASSES].argmax(-1).astype("int32")
+    y[:, 3:] = -1
+    loss = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, ignore_class=-1
+    )
+
+    def fit(wrap):
+        keras.utils.set_random_seed(2)
+        inputs = keras.Input((5, 6))
+        model = keras.Model(inputs, keras.layers.Dense(NUM_CLASSES)(inputs))
+        model = wrap(model)
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.5), loss=loss, jit_compile=JIT[0]
+        )
+        logs = model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+        weights = getattr(model, "inner_model", model).weights
+        return [ops.convert_to_numpy(w) for w in weights], logs.history
+
+    plain, _ = fit(lambda model: model)
+    filtered, logs = fit(
+        lambda model: kas.ASSpeed(
+            model, max_steps=1, sample_filter=filters.SelectiveBackprop()
+        )
+    )
+    assert logs["trained_fraction"] == [1.0]
+    for a, b in zip(plain, filtered, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("pair", [False, True], ids=["skip", "pair"])
 def test_default_filters_train_the_same_weights_every_time(pair):
     """No decision reads the clock: three seeded fits with the default

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs the loss suite on TensorFlow and the training suite on JAX under
+# Keras's next release, as one pinned nightly build carries it (KERAS_NEXT),
+# in the venv of tests/run_jax_latest.sh (Python 3.12, the newest jax),
+# which must have run first. That Keras runs `steps_per_execution` steps in
+# one `jax.lax.scan` on JAX (keras-team/keras#23527): the way a GPU user
+# takes Keras's host loop out of all but one step in N. The build goes into
+# a folder of its own that shadows the venv's Keras (PYTHONPATH), so the
+# venv keeps its release. keras-hub 0.32 does not import with it: its test
+# is left out.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+source tests/venv.sh
+source tests/suites.sh
+python="$(venv_python 3.12 "${JAX_LATEST_VENV:-$HOME/.cache/keras-as-softmax/py312-jax}")"
+next="${KERAS_NEXT:-keras-nightly==3.16.0.dev2026102704}"
+site="$HOME/.cache/keras-as-softmax/keras-next/${next##*==}"
+if [[ ! -d "$site/keras" ]]; then
+    "$python" -m pip install --quiet --disable-pip-version-check --no-deps \
+        --target "$site" "$next"
+fi
+
+export PYTHONPATH="$site" TF_CPP_MIN_LOG_LEVEL=2 HF_HUB_OFFLINE=1
+KERAS_BACKEND=jax "$python" -c 'import keras; print("keras", keras.__version__)'
+KERAS_BACKEND=tensorflow "$python" -m pytest "${pytest_args[@]}" "${loss_tests[@]}" "$@"
+KERAS_BACKEND=jax "$python" -m pytest "${pytest_args[@]}" "${training_tests[@]}" \
+    -k "not keras_hub" "$@"
