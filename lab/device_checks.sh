@@ -8,7 +8,8 @@
 # with it) in .whl-nightly/, fetched here beforehand with
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #       -d .whl keras==3.15.1 keras-hub==0.32.0 namex optree
-#   pip download --no-deps --only-binary=:all: -d .whl-nightly keras-nightly
+#   pip download --no-deps --only-binary=:all: -d .whl-nightly \
+#       keras-nightly==3.16.0.dev2026102704   # the build CI tests
 # (untracked, so the device tool carries them). Outputs go to $OUT (or
 # results/gpu), the two profiles and their summary too (XLA runs its
 # command buffers as plain thunks while a profiler session is active,
