@@ -31,7 +31,23 @@ run() {  # run NAME SECONDS BACKEND ARGS...
         | grep -v -e "^WARNING" -e "^I0000" | tee "$OUT/$name.txt"
     echo "== $name: exit ${PIPESTATUS[0]}, $((SECONDS - start)) s"
 }
-# Plain JAX first (issue 30): does an untaken conditional cost, and is a
+# First the two runs that tell whether a step waits for the host: MiniLM's
+# step with its host time (`host ms`: near the step's time, the GPU waits
+# for Keras's loop), then eight steps a dispatch.
+run gpu_check_jax 180 jax benchmarks/gpu_check.py --shape minilm
+# Eight steps a dispatch. Keras 3.15 loops over them on the host (the
+# tiny model); Keras's nightly scans them on the device, one program for
+# the eight: MiniLM's shape there, in core Keras layers (keras-hub 0.32
+# does not import with it), softmax beside the filters.
+run step_overhead_jax_spe8 50 jax benchmarks/step_overhead.py --rounds 7 \
+    --steps-per-execution 8
+if python3 -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --target /tmp/site-nightly .whl-nightly/*.whl; then
+    PYTHONPATH=/tmp/site-nightly:/tmp/site run gpu_check_jax_nightly_spe8 \
+        150 jax benchmarks/gpu_check.py --shape minilm --backbone keras \
+        --steps-per-execution 8 --variants softmax,skip_masked,pair
+fi
+# Then plain JAX (issue 30): does an untaken conditional cost, and is a
 # step bound by its kernels or by its dispatch? MiniLM's width, then many
 # small kernels, then the first again with XLA's CUDA graphs off.
 run cond_cost 90 jax lab/cond_cost.py
@@ -55,7 +71,6 @@ XLA_FLAGS=--xla_gpu_command_buffer_update_mode=SKIP_TEMP \
 run cond_cost_small_kernels 90 jax lab/cond_cost.py --rows 32 --layers 48
 XLA_FLAGS=--xla_gpu_enable_command_buffer= \
     run cond_cost_no_graphs 90 jax lab/cond_cost.py
-run gpu_check_jax 180 jax benchmarks/gpu_check.py --shape minilm
 # Profiles: XLA's default (one CUDA graph a step, its conditionals decided
 # on the device; `lab/gpu_program.py`) and conditionals between graphs,
 # their predicates read on the host.
@@ -68,18 +83,6 @@ XLA_FLAGS="$profile --xla_gpu_enable_command_buffer=-CONDITIONAL" \
     --shape minilm --variants softmax,skip_masked --rounds 2 \
     --trace "$OUT/traces/host_conditionals"
 python3 lab/trace_summary.py "$OUT/traces" --top 12 > "$OUT/trace_summary.txt" 2>&1
-# Eight steps a dispatch. Keras 3.15 loops over them on the host (the
-# tiny model); Keras's nightly scans them on the device, one program for
-# the eight: MiniLM's shape there, in core Keras layers (keras-hub 0.32
-# does not import with it), softmax beside the filters.
-run step_overhead_jax_spe8 50 jax benchmarks/step_overhead.py --rounds 7 \
-    --steps-per-execution 8
-if python3 -m pip install -q --no-index --no-deps --no-compile \
-    --no-cache-dir --target /tmp/site-nightly .whl-nightly/*.whl; then
-    PYTHONPATH=/tmp/site-nightly:/tmp/site run gpu_check_jax_nightly_spe8 \
-        150 jax benchmarks/gpu_check.py --shape minilm --backbone keras \
-        --steps-per-execution 8 --variants softmax,skip_masked,pair
-fi
 run gpu_check_jax_bert_base 200 jax benchmarks/gpu_check.py --shape bert_base \
     --variants softmax,as_speed,skip_masked
 run step_overhead_jax 50 jax benchmarks/step_overhead.py --rounds 7 \
