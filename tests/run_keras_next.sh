@@ -3,8 +3,8 @@
 # Keras's next release, as one pinned nightly build carries it (KERAS_NEXT),
 # in the venv of tests/run_jax_latest.sh (Python 3.12, the newest jax),
 # which must have run first. That Keras runs `steps_per_execution` steps in
-# one `jax.lax.scan` on JAX (keras-team/keras#23527): the way a GPU user
-# takes Keras's host loop out of all but one step in N. The build goes into
+# one `jax.lax.scan` on JAX (keras-team/keras#23527), one dispatch for N
+# drawn batches: how a GPU user cuts the host's time a step. The build goes into
 # a folder of its own that shadows the venv's Keras (PYTHONPATH), so the
 # venv keeps its release. keras-hub 0.32 does not import with it: its test
 # is left out.
