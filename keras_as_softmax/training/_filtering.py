@@ -197,12 +197,8 @@ def row_coefficients(loss, y, sample_weight, row_shape):
     if sample_weight is not None:
         coefficients = coefficients * _to_rows(sample_weight, valid)
     if loss.reduction == "sum_over_batch_size":
-        denominator = (
-            ops.sum(valid)
-            if ignore_class_of(loss) is not None
-            else (ops.cast(ops.size(valid), "float32"))
-        )
-        coefficients = coefficients / ops.maximum(denominator, 1.0)
+        # The mean is over the valid rows: every row without `ignore_class`.
+        coefficients = coefficients / ops.maximum(ops.sum(valid), 1.0)
     return coefficients
 
 
