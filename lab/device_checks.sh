@@ -31,30 +31,21 @@ run() {  # run NAME SECONDS BACKEND ARGS...
         | grep -v -e "^WARNING" -e "^I0000" | tee "$OUT/$name.txt"
     echo "== $name: exit ${PIPESTATUS[0]}, $((SECONDS - start)) s"
 }
-# First the two runs that tell whether a step waits for the host: MiniLM's
-# step with its host time (`host ms`: near the step's time, the GPU waits
-# for Keras's loop), then eight steps a dispatch.
+# First what tells where a MiniLM step's time goes, in the order the
+# limits below fit one call of the device tool: the step with its host
+# time (`host ms`: near the step's time, the GPU waits for Keras's loop);
+# XLA's log of its CUDA graph updates; the step with the temporary buffer
+# at a fixed address; then eight steps a dispatch.
 run gpu_check_jax 180 jax benchmarks/gpu_check.py --shape minilm
-# Eight steps a dispatch. Keras 3.15 loops over them on the host (the
-# tiny model); Keras's nightly scans them on the device, one program for
-# the eight: MiniLM's shape there, in core Keras layers (keras-hub 0.32
-# does not import with it), softmax beside the filters.
-run step_overhead_jax_spe8 50 jax benchmarks/step_overhead.py --rounds 7 \
-    --steps-per-execution 8
-if python3 -m pip install -q --no-index --no-deps --no-compile \
-    --no-cache-dir --target /tmp/site-nightly .whl-nightly/*.whl; then
-    PYTHONPATH=/tmp/site-nightly:/tmp/site run gpu_check_jax_nightly_spe8 \
-        150 jax benchmarks/gpu_check.py --shape minilm --backbone keras \
-        --steps-per-execution 8 --variants softmax,skip_masked,pair
-fi
-# Then plain JAX (issue 30): does an untaken conditional cost, and is a
-# step bound by its kernels or by its dispatch? MiniLM's width, then many
-# small kernels, then the first again with XLA's CUDA graphs off.
-run cond_cost 90 jax lab/cond_cost.py
-# Does XLA re-record the step's CUDA graph before each execution, and at
-# what host cost, softmax's (hundreds of top-level commands) beside
-# SkipMasked's (tens, three of them conditionals)? Its runtime's log, kept
-# to the command buffer lines, then lab/graph_updates.py's summary.
+# Does XLA update the step's CUDA graph before each execution, and at what
+# host cost? It updates the commands that use a buffer whose address moved
+# since the last execution (the new batch; outputs not donated; the
+# temporary buffer, unless the allocator returns the same one), and a
+# conditional with all of its branches, taken or not
+# (`command_executor.cc`, `GpuCommandBuffer::UpdateCase`). Softmax's
+# graph (hundreds of top-level commands) beside SkipMasked's (tens, three
+# of them conditionals): the runtime's log, kept to the command buffer
+# lines, then lab/graph_updates.py's summary.
 echo "== graph_updates: MiniLM's step under XLA's command buffer log"
 { TF_CPP_MIN_LOG_LEVEL=0 \
     TF_CPP_VMODULE=command_buffer_thunk=3,command_executor=1,command_buffer_cmd=1,command_buffer_cmd_executor=1 \
@@ -63,11 +54,28 @@ echo "== graph_updates: MiniLM's step under XLA's command buffer log"
     | grep -a -E "command buffer|commands in" > "$OUT/graph_updates_log.txt"; } \
     3> "$OUT/graph_updates_run.txt"
 python3 lab/graph_updates.py "$OUT/graph_updates_log.txt" | tee "$OUT/graph_updates.txt"
-# If the temporary buffer is what moves: XLA (jaxlib 0.11 on) can give it
-# a fixed address, so that no update touches the commands that use it.
+# If the temporary buffer is what moves: SKIP_TEMP (in the 0.11.2 and
+# 0.12 jaxlibs) gives it a fixed address (XLA's VMM allocator in place of
+# BFC), so that no update touches the commands that only use it.
 XLA_FLAGS=--xla_gpu_command_buffer_update_mode=SKIP_TEMP \
     run gpu_check_jax_skip_temp 90 jax benchmarks/gpu_check.py \
     --shape minilm --variants softmax,skip_masked --rounds 2
+# Eight steps a dispatch. Keras's nightly scans them on the device, one
+# program for the eight: MiniLM's shape there, in core Keras layers
+# (keras-hub 0.32 does not import with it), softmax beside the filters.
+if python3 -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --target /tmp/site-nightly .whl-nightly/*.whl; then
+    PYTHONPATH=/tmp/site-nightly:/tmp/site run gpu_check_jax_nightly_spe8 \
+        150 jax benchmarks/gpu_check.py --shape minilm --backbone keras \
+        --steps-per-execution 8 --variants softmax,skip_masked,pair
+fi
+# Keras 3.15 loops over the eight on the host: the tiny model.
+run step_overhead_jax_spe8 50 jax benchmarks/step_overhead.py --rounds 7 \
+    --steps-per-execution 8
+# Then plain JAX (issue 30): does an untaken conditional cost, and is a
+# step bound by its kernels or by its dispatch? MiniLM's width, then many
+# small kernels, then the first again with XLA's CUDA graphs off.
+run cond_cost 90 jax lab/cond_cost.py
 run cond_cost_small_kernels 90 jax lab/cond_cost.py --rows 32 --layers 48
 XLA_FLAGS=--xla_gpu_enable_command_buffer= \
     run cond_cost_no_graphs 90 jax lab/cond_cost.py
