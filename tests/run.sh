@@ -3,7 +3,7 @@
 # TensorFlow, the loss suite on JAX and PyTorch, the training suite on
 # PyTorch, and on JAX twice: with the jax that Python 3.11 gets (0.10.2), and
 # with the newest jax on Python 3.12 (tests/run_jax_latest.sh), then under
-# Keras's next release (tests/run_keras_next.sh). Each suite
+# Keras's next release on Python 3.13 (tests/run_keras_next.sh). Each suite
 # runs its tests in parallel (tests/suites.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
