@@ -5,6 +5,22 @@ every model of a round alike."""
 import statistics
 import time
 
+TF_FILTERED_STEPS = ("one_program", "xla_passes")
+
+
+def split_variant(variant):
+    """`(name, step)` of a variant `NAME` or `NAME@STEP`: on TensorFlow,
+    `@one_program` or `@xla_passes` compiles a filtered step so under
+    `jit_compile=True` (`keras_as_softmax.training._tensorflow.xla_passes`),
+    where `NAME` alone leaves the choice to the platform (`auto`)."""
+    name, _, step = variant.partition("@")
+    if step and step not in TF_FILTERED_STEPS:
+        raise ValueError(
+            f"{variant}: expected NAME or NAME@STEP with STEP one of "
+            f"{TF_FILTERED_STEPS}"
+        )
+    return name, step or "auto"
+
 
 def epoch_fit(model, x, y, batch_size):
     """A `fit(epoch)` for `time_epochs`: one more epoch of `model.fit` on

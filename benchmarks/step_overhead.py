@@ -25,6 +25,11 @@ The variants:
 * `pair`: `[SkipMaskedLastSeen(n), SkipMasked()]`.
 * `selective_backprop`: `SelectiveBackprop()`.
 
+A variant `NAME@one_program` (or `@xla_passes`) compiles its filtered step
+on TensorFlow as one XLA program (or as a graph whose passes are XLA
+functions) whatever the platform; `NAME` alone takes the platform's
+default (the graph on CPUs).
+
 The filters are active after their one warm-up epoch; the trained and
 scored fractions of the last epoch are printed beside each ratio.
 
@@ -35,6 +40,7 @@ python benchmarks/step_overhead.py
 KERAS_BACKEND=jax python benchmarks/step_overhead.py
 KERAS_BACKEND=torch python benchmarks/step_overhead.py --jit-compile auto
 python benchmarks/step_overhead.py --steps-per-execution 8
+python benchmarks/step_overhead.py --variants keras,pair,pair@one_program
 python benchmarks/step_overhead.py --quick     # smoke run
 ```
 """
@@ -53,6 +59,7 @@ import numpy as np  # noqa: E402
 import keras_as_softmax as kas  # noqa: E402
 from benchmarks._interleaved import epoch_fit  # noqa: E402
 from benchmarks._interleaved import print_table  # noqa: E402
+from benchmarks._interleaved import split_variant  # noqa: E402
 from benchmarks._interleaved import time_epochs  # noqa: E402
 
 VARIANTS = ("keras", "as_speed", "skip_masked", "pair", "selective_backprop")
@@ -100,6 +107,7 @@ class UntrackedSequential(keras.Sequential):
 
 
 def make_model(variant, n, args):
+    variant, step = split_variant(variant)
     keras.utils.set_random_seed(0)
     sequential = (
         UntrackedSequential
@@ -131,6 +139,7 @@ def make_model(variant, n, args):
     }[variant]()
     if filters is not None:
         model = kas.ASSpeed(model, sample_filter=filters or None)
+        model._tf_filtered_step = step
     model.compile(
         optimizer=keras.optimizers.Adam(1e-3),
         loss=loss,
@@ -148,7 +157,8 @@ def main(argv=None):
     fits = {}
     for variant in args.variants.split(","):
         model = make_model(variant, args.samples, args)
-        inputs = kas.filters.with_sample_ids(x) if variant == "pair" else x
+        pair = split_variant(variant)[0] == "pair"
+        inputs = kas.filters.with_sample_ids(x) if pair else x
         fits[variant] = epoch_fit(model, inputs, y, args.batch_size)
     seconds, logs, _ = time_epochs(fits, args.warmup, args.rounds)
     print(

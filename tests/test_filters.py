@@ -16,8 +16,28 @@ from keras_as_softmax.training import _layout
 from keras_as_softmax.training import _queue
 from tests.backend_utils import BACKEND
 
-JIT = {"tensorflow": [True, False], "jax": [True]}.get(BACKEND, [False])
+# `jit_compile` values, through the fixture below: on TensorFlow also
+# "one_program", XLA with a filtered step in one program.
+JIT = {"tensorflow": [True, False, "one_program"], "jax": [True]}.get(
+    BACKEND, [False]
+)
+COMPILED = [mode for mode in JIT if mode] or JIT
 NUM_CLASSES = 4
+
+
+@pytest.fixture
+def jit_compile(request, monkeypatch):
+    """`compile`'s `jit_compile`. For "one_program", True with a filtered
+    step compiled as one XLA program, as on one GPU or TPU; on CPUs it
+    is by default a graph whose passes are XLA functions."""
+    if request.param != "one_program":
+        return request.param
+    from keras_as_softmax.training import _tensorflow
+
+    monkeypatch.setattr(
+        _tensorflow.ASSpeedTrainer, "_tf_filtered_step", "one_program"
+    )
+    return True
 
 
 # ------------------------------------------------------------------ queue
@@ -461,7 +481,7 @@ def fit_window(sample_filter, jit_compile, **regularizers):
     ],
     ids=["score_training", "score_inference", "weight_penalty"],
 )
-@pytest.mark.parametrize("jit_compile", JIT)
+@pytest.mark.parametrize("jit_compile", JIT, indirect=True)
 def test_skip_masked_gives_the_plain_update(
     jit_compile, score_training, regularizers
 ):
@@ -489,7 +509,7 @@ def test_skip_masked_gives_the_plain_update(
     )
 
 
-@pytest.mark.parametrize("jit_compile", JIT)
+@pytest.mark.parametrize("jit_compile", JIT, indirect=True)
 def test_drawn_batches_without_a_training_pass_update_nothing(jit_compile):
     """Every sample masked: `SkipMasked` runs no training pass, so no
     window holds a gradient and the optimizer takes no step. An update of
@@ -634,7 +654,7 @@ def test_skip_masked_follows_the_share_of_masked_samples_not_rows():
     assert float(ops.convert_to_numpy(seen.samples)) == 0.0
 
 
-@pytest.mark.parametrize("jit_compile", JIT)
+@pytest.mark.parametrize("jit_compile", JIT, indirect=True)
 def test_filters_train_a_multi_label_model(jit_compile):
     # MultiLabelASSoftmaxLoss has no `ignore_class`: every row counts.
     rng = np.random.default_rng(0)
@@ -674,7 +694,7 @@ def small_model(seed=1):
     return keras.Model(inputs, keras.layers.Dense(NUM_CLASSES)(hidden))
 
 
-@pytest.mark.parametrize("jit_compile", JIT)
+@pytest.mark.parametrize("jit_compile", JIT, indirect=True)
 def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
     x, y = sentence_data()
     f = filters.SkipMaskedLastSeen(
@@ -832,7 +852,7 @@ def test_a_second_fit_reuses_the_compiled_step():
     assert logs["trained_fraction"] == [1.0]
 
 
-@pytest.mark.parametrize("jit_compile", JIT)
+@pytest.mark.parametrize("jit_compile", JIT, indirect=True)
 def test_infobatch_trains_softmax_on_fewer_and_round_trips(
     tmp_path, jit_compile
 ):
@@ -1014,7 +1034,7 @@ def test_selective_backprop_keeps_its_share_drawn_by_loss_rank():
     assert kept[:4].sum() < 0.05 * kept.sum()
 
 
-@pytest.mark.parametrize("jit_compile", JIT)
+@pytest.mark.parametrize("jit_compile", JIT, indirect=True)
 def test_selective_backprop_trains_its_share_of_any_loss(jit_compile):
     x, y = sentence_data()
     f = filters.SelectiveBackprop(keep=0.5, seed=3)
@@ -1095,8 +1115,9 @@ def test_a_keras_loss_ignore_class_leaves_its_rows_out_under_a_filter():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("jit_compile", COMPILED, indirect=True)
 @pytest.mark.parametrize("pair", [False, True], ids=["skip", "pair"])
-def test_default_filters_train_the_same_weights_every_time(pair):
+def test_default_filters_train_the_same_weights_every_time(pair, jit_compile):
     """No decision reads the clock: three seeded fits with the default
     filters end with the same weights."""
     x, y = sentence_data(128)
@@ -1110,7 +1131,7 @@ def test_default_filters_train_the_same_weights_every_time(pair):
         wrapped.compile(
             optimizer=keras.optimizers.Adam(0.05),
             loss=kas.ASSoftmaxLoss(0.3),
-            jit_compile=JIT[0],
+            jit_compile=jit_compile,
         )
         inputs = filters.with_sample_ids(x) if pair else x
         logs = wrapped.fit(inputs, y, batch_size=8, epochs=5, verbose=0)
@@ -1278,7 +1299,7 @@ def _fitted_for_jax_steps(name, n=64):
     BACKEND == "torch",
     reason="Keras's torch trainer takes steps_per_execution=1 only",
 )
-@pytest.mark.parametrize("jit_compile", JIT)
+@pytest.mark.parametrize("jit_compile", JIT, indirect=True)
 @pytest.mark.parametrize("name", ["skip", "pair"])
 def test_steps_per_execution_trains_as_steps_one_at_a_time(name, jit_compile):
     """`steps_per_execution=4` runs 4 drawn batches a dispatch (on
@@ -1392,3 +1413,141 @@ def test_a_step_copies_no_weight_sized_buffer(name):
     }
     copies = re.findall(r"= f32\[([\d,]+)\]\S* copy\(", hlo)
     assert kernels and not kernels & set(copies), copies
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's choice")
+def test_tf_filtered_step_is_one_program_on_one_gpu_or_tpu():
+    """Under `jit_compile=True` a filtered step is one XLA program on one
+    GPU or TPU; a graph whose passes are XLA functions on CPUs and on
+    several replicas; `_tf_filtered_step` overrides the choice."""
+    import tensorflow as tf
+
+    from keras_as_softmax.training import _tensorflow
+
+    def model(devices=None, step="auto", **kwargs):
+        if devices is None:  # this machine's default strategy: its CPU
+            strategy = tf.distribute.get_strategy()
+        else:
+            extended = types.SimpleNamespace(worker_devices=devices)
+            strategy = types.SimpleNamespace(
+                extended=extended, num_replicas_in_sync=len(devices)
+            )
+        settings = dict(sample_filters=[filters.SkipMasked()], jit_compile=True)
+        settings.update(run_eagerly=False, distribute_strategy=strategy)
+        settings.update(_tf_filtered_step=step, **kwargs)
+        return types.SimpleNamespace(**settings)
+
+    gpu, cpu = "/job:localhost/replica:0/task:0/device:GPU:{}", "/cpu:0"
+    xla_passes = _tensorflow.xla_passes
+    assert not xla_passes(model([gpu.format(0)]))
+    assert not xla_passes(model(["/job:worker/task:0/device:TPU:0"]))
+    assert xla_passes(model([cpu]))
+    assert xla_passes(model())
+    assert xla_passes(model([gpu.format(0), gpu.format(1)]))
+    assert not xla_passes(model([cpu], step="one_program"))
+    assert xla_passes(model([gpu.format(0)], step="xla_passes"))
+    # Without a filter, XLA or a graph step, Keras's own step.
+    assert not xla_passes(model([cpu], sample_filters=[]))
+    assert not xla_passes(model([cpu], jit_compile=False))
+    assert not xla_passes(model([cpu], run_eagerly=True))
+    with pytest.raises(ValueError, match="one_program.*Received: 'one'"):
+        xla_passes(model(step="one"))
+
+
+def _conditionals(wrapped):
+    """`(inside, outside)`: the conditionals (`If`, `StatelessIf`,
+    `Switch`) of a fitted TensorFlow model's train function that XLA
+    compiles, and those that run in the graph."""
+    function = wrapped.train_function
+    cells = dict(
+        zip(
+            function.__code__.co_freevars,
+            (cell.cell_contents for cell in function.__closure__),
+        )
+    )
+    traced = cells["multi_step_on_iterator"]._list_all_concrete_functions()
+    graph = traced[0].graph.as_graph_def()
+    library = {f.signature.name: f for f in graph.library.function}
+
+    def callees(nodes):
+        names = set()
+        for node in nodes:
+            if node.op in library:
+                names.add(node.op)
+            for value in node.attr.values():
+                if value.HasField("func"):
+                    names.add(value.func.name)
+        return names
+
+    compiled = {
+        name
+        for name, f in library.items()
+        if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b
+    }
+    called = set(compiled)
+    while called:  # with every function they call
+        nodes = [node for name in called for node in library[name].node_def]
+        called = callees(nodes) - compiled
+        compiled |= called
+
+    def count(nodes):
+        return sum(node.op in ("If", "StatelessIf", "Switch") for node in nodes)
+
+    inside = sum(count(library[name].node_def) for name in compiled)
+    outside = count(graph.node) + sum(
+        count(f.node_def) for name, f in library.items() if name not in compiled
+    )
+    return inside, outside
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's two steps")
+@pytest.mark.parametrize("name", ["skip", "pair", "selective"])
+def test_tf_one_program_takes_the_graph_steps_decisions(name, monkeypatch):
+    """A filtered step compiled as one XLA program takes the decisions of
+    the graph whose passes are XLA functions: the same logs, gradient sums
+    in the window and filter state. Every conditional of the step is
+    inside XLA, decided on the device, where the graph decides its own.
+    At a learning rate of 0, so that both score the same weights: XLA
+    fuses one program otherwise than two passes, and a difference in the
+    last bit can flip a choice between close losses, after which two
+    runs part. TensorFlow's stateless random ops draw other numbers from
+    one key under XLA than in a graph: the draws here come from an
+    integer hash that both compute alike."""
+    import tensorflow as tf
+
+    from keras_as_softmax.training import as_speed
+
+    def hashed_uniform(size, seed, counter):
+        key = tf.range(size) * 7919 + counter * 104729 + seed
+        return tf.cast(tf.math.floormod(key, 65536), "float32") / 65536.0
+
+    monkeypatch.setattr(as_speed, "stateless_uniform", hashed_uniform)
+    n = 64
+    x, y = sentence_data(n)
+    inputs = filters.with_sample_ids(x) if name == "pair" else x
+    results = []
+    for step in ("one_program", "xla_passes"):
+        wrapped = kas.ASSpeed(
+            small_model(), sample_filter=_one_program_filters()[name](n)
+        )
+        wrapped._tf_filtered_step = step
+        wrapped.compile(
+            optimizer=keras.optimizers.SGD(0.0),
+            loss=kas.ASSoftmaxLoss(0.3),
+            jit_compile=True,
+        )
+        history = wrapped.fit(
+            inputs, y, batch_size=8, epochs=3, shuffle=False, verbose=0
+        )
+        state = wrapped.optimizer.variables + wrapped._filter_variables()
+        results.append((wrapped, history.history, state))
+    (one, one_logs, one_state), (graph, graph_logs, graph_state) = results
+    assert min(one_logs["trained_fraction"]) < 1.0  # rows were left out
+    for key, values in graph_logs.items():
+        np.testing.assert_allclose(one_logs[key], values, rtol=1e-5)
+    assert len(one_state) == len(graph_state)
+    for ours, theirs in zip(one_state, graph_state):
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-6)
+    inside, outside = _conditionals(one)
+    assert inside >= 3 and outside == 0  # scoring, training, update
+    assert _conditionals(graph)[1] >= 3

@@ -50,9 +50,11 @@ def multi_worker_logs(logs):
 
 
 def stateless_uniform(size, seed, counter):
-    """`size` uniform draws in [0, 1), a function of `(seed, counter)`."""
+    """`size` uniform draws in [0, 1), a function of `(seed, counter)`,
+    the same in a graph and under XLA (Philox named: the default algorithm
+    is each kernel's choice)."""
     seed = tf.cast(tf.stack([seed, counter]), "int64")
-    return tf.random.stateless_uniform([size], seed)
+    return tf.random.stateless_uniform([size], seed, alg="philox")
 
 
 def _dense_grads(grads, variables):
@@ -70,12 +72,10 @@ class _Hooks:
     """The passes of `_filtering.filtered_step` on TensorFlow, each behind
     a `tf.cond` that runs it only when due.
 
-    With `jit_compile=True`, each pass is its own XLA function, called from
-    a step that runs as a TensorFlow graph: the queues and conditionals are
-    graph ops on a few rows, and XLA compiles two straight-line passes, as
-    fast as a plain step's, in the time a plain step takes to compile. One
-    XLA program holding both passes inside conditionals compiles for
-    minutes on a CPU and runs several times slower.
+    Under `jit_compile=True` the whole step is one XLA program, its
+    conditionals decided on the device, except where `xla_passes` chooses
+    otherwise (CPUs, several replicas): there each pass is its own XLA
+    function, called from a step that runs as a TensorFlow graph.
     """
 
     def __init__(self, model, context=None, accumulate=None):
@@ -212,17 +212,59 @@ def _maybe_xla(fn, model):
     return fn
 
 
+def runs_on_cpus(strategy):
+    """Whether a step under `strategy` runs on CPUs only."""
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy: TensorFlow places the step
+        return not tf.config.list_logical_devices("GPU")
+    return all(
+        tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices
+    )
+
+
+FILTERED_STEPS = ("auto", "one_program", "xla_passes")
+
+
+def xla_passes(model):
+    """Whether a filtered step under `jit_compile=True` runs as a graph
+    whose passes are XLA functions, rather than as one XLA program.
+
+    The one place this platform choice is made. One program, its
+    conditionals decided on the device, is the default on a GPU or TPU.
+    On CPUs the graph is the faster: a step of MiniLM's shape, where most
+    samples were masked, took 8.7x as long in one program, whose
+    conditionals XLA's CPU backend runs slowly. Under several replicas
+    one program cannot reach the other replicas' variables. The two take
+    the same decisions, except that TensorFlow's stateless random ops
+    draw other numbers from one key under XLA. The model's
+    `_tf_filtered_step` ("one_program", "xla_passes") overrides the
+    choice, for tests and benchmarks.
+    """
+    if not (
+        model.sample_filters and model.jit_compile and not model.run_eagerly
+    ):
+        return False
+    choice = model._tf_filtered_step
+    if choice not in FILTERED_STEPS:
+        raise ValueError(
+            f"Expected _tf_filtered_step to be one of {FILTERED_STEPS}. "
+            f"Received: {choice!r}"
+        )
+    if choice == "auto":
+        strategy = model.distribute_strategy
+        return strategy.num_replicas_in_sync > 1 or runs_on_cpus(strategy)
+    return choice == "xla_passes"
+
+
 class ASSpeedTrainer:
     """`train_step` and `test_step` of `ASSpeed` on TensorFlow."""
 
     _passes_jit_compile = False
+    _tf_filtered_step = "auto"
 
     def make_train_function(self, force=False):
-        # With filters and `jit_compile=True`, the step is a graph and its
-        # passes and the end of a window are XLA functions (see `_Hooks`).
-        self._passes_jit_compile = bool(
-            self.sample_filters and self.jit_compile and not self.run_eagerly
-        )
+        self._passes_jit_compile = xla_passes(self)
         if not self._passes_jit_compile:
             return super().make_train_function(force)
         self._jit_compile = False
