@@ -232,9 +232,9 @@ def xla_passes(model):
 
     The one place this platform choice is made. One program, its
     conditionals decided on the device, is the default on a GPU or TPU.
-    On CPUs the graph is the faster: a step of MiniLM's shape, where most
-    samples were masked, took 8.7x as long in one program, whose
-    conditionals XLA's CPU backend runs slowly. Under several replicas
+    On CPUs the graph is the faster, by far at MiniLM's shape: XLA's CPU
+    backend runs conditionals slowly (`benchmarks/RESULTS.md`, step
+    overhead). Under several replicas
     one program cannot reach the other replicas' variables. The two take
     the same decisions, except that TensorFlow's stateless random ops
     draw other numbers from one key under XLA. The model's
