@@ -50,11 +50,9 @@ def multi_worker_logs(logs):
 
 
 def stateless_uniform(size, seed, counter):
-    """`size` uniform draws in [0, 1), a function of `(seed, counter)`,
-    the same in a graph and under XLA (Philox named: the default algorithm
-    is each kernel's choice)."""
+    """`size` uniform draws in [0, 1), a function of `(seed, counter)`."""
     seed = tf.cast(tf.stack([seed, counter]), "int64")
-    return tf.random.stateless_uniform([size], seed, alg="philox")
+    return tf.random.stateless_uniform([size], seed)
 
 
 def _dense_grads(grads, variables):
@@ -234,10 +232,10 @@ def xla_passes(model):
     conditionals decided on the device, is the default on a GPU or TPU.
     On CPUs the graph is the faster, by far at MiniLM's shape: XLA's CPU
     backend runs conditionals slowly (`benchmarks/RESULTS.md`, step
-    overhead). Under several replicas
-    one program cannot reach the other replicas' variables. The two take
-    the same decisions, except that TensorFlow's stateless random ops
-    draw other numbers from one key under XLA. The model's
+    overhead). Under several replicas the graph stays: on two logical
+    CPUs, one program could not reach the second replica's variables.
+    The two take the same decisions, except that TensorFlow's stateless
+    random ops draw other numbers from one key under XLA. The model's
     `_tf_filtered_step` ("one_program", "xla_passes") overrides the
     choice, for tests and benchmarks.
     """
