@@ -36,9 +36,10 @@ class DeltaWarmup(keras.callbacks.Callback):
 
     Steps are the batches `fit` runs (micro-batches under
     `keras_as_softmax.ASSpeed`), counted from the start of each `fit` call.
-    On JAX, where a compiled step holds delta as a constant, the switch
-    re-traces the train step once; TensorFlow and PyTorch read the variable
-    at every step.
+    On JAX, where a compiled step holds delta as a constant, each change
+    of delta (at the start, the switch and the end) traces the train and
+    test steps again; TensorFlow and PyTorch read the variable at every
+    step.
 
     Args:
         warmup_ratio: fraction `r` in [0, 1] of the training steps that use
@@ -124,12 +125,15 @@ class DeltaWarmup(keras.callbacks.Callback):
     def _end_warmup(self):
         self._assign(self._targets)
         self._warm = False
-        if keras.backend.backend() == "jax":
-            self.model.make_train_function(force=True)
 
     def _assign(self, values):
         for variable, value in zip(self._variables, values, strict=True):
             variable.assign(value)
+        if keras.backend.backend() == "jax":
+            # A compiled JAX step holds delta as a constant: trace the train
+            # and test steps again, for training, validation and later fits.
+            self.model.make_train_function(force=True)
+            self.model.make_test_function(force=True)
 
     def get_config(self):
         return {

@@ -11,7 +11,7 @@ import keras_as_softmax as kas
 from keras_as_softmax.training.accumulation import next_accumulation_steps
 from tests.backend_utils import BACKEND
 
-JIT = BACKEND == "tensorflow"  # TF: XLA; JAX always compiles with XLA.
+JIT = BACKEND in ("tensorflow", "jax")  # XLA; PyTorch runs eagerly.
 
 
 def make_model(num_classes=4, batch_norm=False, seed=1):
@@ -726,6 +726,122 @@ def test_keras_hub_task_fed_raw_strings():
     )
     assert np.all(np.isfinite(history.history["loss"]))
     assert history.history["trained_fraction"][0] > 0
+
+
+def test_a_keras_hub_task_validates_on_raw_strings():
+    """`validation_data` and `validation_split` of raw strings, as the bare
+    task takes them (with a filter, whose queues the split's training
+    share shapes): the preprocessor runs once over each."""
+    keras_hub = pytest.importorskip("keras_hub")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat"]
+    tokenizer = keras_hub.models.BertTokenizer(vocabulary=vocab)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=len(vocab),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=8,
+    )
+    task = keras_hub.models.BertTextClassifier(
+        backbone,
+        num_classes=2,
+        preprocessor=keras_hub.models.BertTextClassifierPreprocessor(
+            tokenizer, sequence_length=8
+        ),
+        activation=None,
+    )
+    texts = np.array(["the cat", "cat", "the the cat", "cat the"] * 4)
+    labels = np.array([0, 1, 0, 1] * 4)
+    wrapped = kas.ASSpeed(task, sample_filter=kas.filters.SkipMasked())
+    wrapped.compile(
+        optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT
+    )
+    logs = wrapped.fit(
+        texts,
+        labels,
+        batch_size=4,
+        validation_data=(texts[:8], labels[:8]),
+        verbose=0,
+    ).history
+    expected = wrapped.evaluate(
+        texts[:8], labels[:8], verbose=0, return_dict=True
+    )["loss"]
+    np.testing.assert_allclose(logs["val_loss"], [expected], rtol=1e-5)
+    logs = wrapped.fit(
+        texts, labels, batch_size=4, validation_split=0.25, verbose=0
+    ).history
+    # Keras's split: the last quarter, in order.
+    expected = wrapped.evaluate(
+        texts[12:], labels[12:], verbose=0, return_dict=True
+    )["loss"]
+    np.testing.assert_allclose(logs["val_loss"], [expected], rtol=1e-5)
+    assert set(logs) >= {"loss", "val_loss", "masked_ratio"}
+
+
+def test_fit_evaluate_and_predict_take_keras_positional_arguments():
+    x, y = data(32)
+    wrapped = kas.ASSpeed(make_model(), sample_filter=kas.filters.SkipMasked())
+    wrapped.compile("sgd", kas.ASSoftmaxLoss(0.3), jit_compile=JIT)
+    # fit(x, y, batch_size, epochs, verbose, callbacks)
+    logs = StepLog()
+    history = wrapped.fit(x, y, 8, 2, 0, [logs])
+    assert len(history.history["loss"]) == 2 and len(logs.steps) == 8
+    # evaluate(x, y, batch_size, verbose, sample_weight, steps)
+    weights = np.zeros(32)
+    weights[:8] = 1.0
+    assert wrapped.evaluate(x, y, 8, 0, weights, 1) == pytest.approx(
+        wrapped.evaluate(x[:8], y[:8], verbose=0)
+    )
+    # predict(x, batch_size, verbose, steps)
+    assert wrapped.predict(x, 8, 0, 2).shape == (16, 4)
+
+
+@pytest.mark.parametrize("wrap", [False, True], ids=["keras", "as_speed"])
+def test_delta_warmup_validates_and_fits_again_with_the_delta_it_set(wrap):
+    """Validation after the switch, `evaluate` after `fit`, and a second
+    `fit` use the delta the variable holds (a compiled JAX step holds it as
+    a constant)."""
+    x, y = data(64)
+    loss = kas.ASSoftmaxLoss(0.3)
+    model = make_model()
+    wrapped = kas.ASSpeed(model) if wrap else model
+    wrapped.compile(
+        optimizer=keras.optimizers.Adam(0.05), loss=loss, jit_compile=JIT
+    )
+
+    def loss_at(delta):
+        y_pred = model.predict(x, verbose=0)
+        return float(kas.ASSoftmaxLoss(delta)(y, y_pred))
+
+    logs = wrapped.fit(
+        x,
+        y,
+        batch_size=16,
+        epochs=4,
+        validation_data=(x, y),
+        verbose=0,
+        callbacks=[kas.DeltaWarmup(warmup_ratio=0.4)],
+    ).history
+    assert loss_at(0.3) < loss_at(1.0)
+    assert logs["val_loss"][-1] == pytest.approx(loss_at(0.3), rel=1e-5)
+    evaluated = wrapped.evaluate(x, y, verbose=0, return_dict=True)
+    assert evaluated["loss"] == pytest.approx(loss_at(0.3), rel=1e-5)
+    # Warm all through: delta = 1 masks nothing, and the end restores 0.3.
+    logs = wrapped.fit(
+        x,
+        y,
+        batch_size=16,
+        epochs=1,
+        validation_data=(x, y),
+        verbose=0,
+        callbacks=[kas.DeltaWarmup(warmup_ratio=1.0)],
+    ).history
+    if wrap:
+        assert logs["masked_ratio"] == [0.0]
+    assert logs["val_loss"][-1] == pytest.approx(loss_at(1.0), rel=1e-5)
+    evaluated = wrapped.evaluate(x, y, verbose=0, return_dict=True)
+    assert evaluated["loss"] == pytest.approx(loss_at(0.3), rel=1e-5)
 
 
 def test_delta_warmup_switches_inside_compiled_training():

@@ -1,5 +1,6 @@
 """Sample filters: the queue, the pipeline's bookkeeping, and training."""
 
+import importlib.util
 import sys
 import types
 import warnings
@@ -694,6 +695,110 @@ def small_model(seed=1):
     return keras.Model(inputs, keras.layers.Dense(NUM_CLASSES)(hidden))
 
 
+def test_filters_train_on_any_input_keras_takes_as_on_its_arrays():
+    """A PyDataset, a generator and a torch DataLoader of the same batches
+    train the weights the arrays do: the filters' queues are shaped after
+    the first batch, which a generator gets back."""
+    x, y = sentence_data(64)
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return x[8 * i : 8 * i + 8], y[8 * i : 8 * i + 8]
+
+    def generator():
+        while True:
+            for i in range(8):
+                yield x[8 * i : 8 * i + 8], y[8 * i : 8 * i + 8]
+
+    def fit(*data, **kwargs):
+        wrapped = kas.ASSpeed(
+            small_model(),
+            max_steps=2,
+            sample_filter=filters.SkipMasked(
+                min_masked_ratio=0.0, warmup_epochs=0
+            ),
+        )
+        wrapped.compile(
+            optimizer=keras.optimizers.SGD(0.5), loss=kas.ASSoftmaxLoss(0.3)
+        )
+        logs = wrapped.fit(
+            *data, epochs=2, shuffle=False, verbose=0, **kwargs
+        ).history
+        return wrapped.get_weights(), logs
+
+    expected, expected_logs = fit(x, y, batch_size=8)
+    assert expected_logs["trained_fraction"][-1] < 1.0
+    inputs = {
+        "PyDataset": (Batches(),),
+        "generator": (generator(),),
+    }
+    if "torch" in sys.modules or importlib.util.find_spec("torch"):
+        import torch
+
+        inputs["DataLoader"] = (
+            torch.utils.data.DataLoader(
+                torch.utils.data.TensorDataset(
+                    torch.tensor(x), torch.tensor(y)
+                ),
+                batch_size=8,
+            ),
+        )
+    for name, data in inputs.items():
+        weights, logs = fit(*data, steps_per_epoch=8)
+        for a, b in zip(expected, weights, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert logs["trained_fraction"] == pytest.approx(
+            expected_logs["trained_fraction"]
+        ), name
+
+    last_seen = kas.ASSpeed(
+        small_model(), sample_filter=filters.SkipMaskedLastSeen(64)
+    )
+    last_seen.compile("sgd", kas.ASSoftmaxLoss(0.3))
+
+    def with_ids():
+        while True:
+            yield filters.with_sample_ids(x[:8], np.arange(8)), y[:8]
+
+    with pytest.raises(ValueError, match="Received: a generator"):
+        last_seen.fit(with_ids(), steps_per_epoch=8, verbose=0)
+    scoring = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
+    scoring.compile("sgd", kas.ASSoftmaxLoss(0.3))
+    with pytest.raises(ValueError, match="Expected labels"):
+        scoring.fit(x, batch_size=8, verbose=0)
+
+
+@pytest.mark.parametrize("jit_compile", JIT, indirect=True)
+def test_rows_of_zero_weight_count_neither_as_rows_nor_masked(jit_compile):
+    """`masked_ratio` counts the rows of nonzero weight, also those a
+    memory filter leaves out: at a learning rate of 0 the filter logs the
+    plain step's ratio, though it skips the samples of zero weight."""
+    x, y = sentence_data(64)
+    weights = (np.arange(64) % 4 == 0).astype("float32")
+    logs = {}
+    for name, chosen in [
+        ("plain", None),
+        ("last_seen", filters.SkipMaskedLastSeen(64, warmup_epochs=0, seed=1)),
+    ]:
+        wrapped = kas.ASSpeed(small_model(), sample_filter=chosen)
+        wrapped.compile(
+            optimizer=keras.optimizers.SGD(0.0),
+            loss=kas.ASSoftmaxLoss(0.3),
+            jit_compile=jit_compile,
+        )
+        inputs = x if chosen is None else filters.with_sample_ids(x)
+        logs[name] = wrapped.fit(
+            inputs, y, sample_weight=weights, batch_size=8, epochs=3, verbose=0
+        ).history
+    assert logs["last_seen"]["trained_fraction"][-1] < 1.0
+    np.testing.assert_allclose(
+        logs["last_seen"]["masked_ratio"], logs["plain"]["masked_ratio"]
+    )
+
+
 @pytest.mark.parametrize("jit_compile", JIT, indirect=True)
 def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
     x, y = sentence_data()
@@ -980,6 +1085,9 @@ def test_bad_input():
         filters.with_sample_ids(x, np.arange(32)[:, None])
     with pytest.raises(ValueError, match=r"2\*\*31"):
         filters.with_sample_ids(x, np.arange(32) + 2**33)
+    float_ids = {"inputs": x, "sample_id": np.arange(32) * 0.5}
+    with pytest.raises(ValueError, match="integer sample id.*float64"):
+        wrapped.fit(float_ids, y, batch_size=8, verbose=0)
     import tensorflow as tf
 
     batched = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
@@ -1000,6 +1108,14 @@ def test_bad_input():
         wrapped.compile(optimizer="sgd", loss=ce)
         with pytest.raises(ValueError, match=f"{type(f).__name__} skips"):
             wrapped.fit(filters.with_sample_ids(x), y, batch_size=8, verbose=0)
+    # The queues' weights exist once a fit (or a weights file) built them.
+    trained = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
+    trained.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
+    trained.fit(x, y, batch_size=8, verbose=0)
+    fresh = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
+    fresh.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
+    with pytest.raises(ValueError, match="Fit first"):
+        fresh.set_weights(trained.get_weights())
     # A later fit on batches of another size names the sizes.
     wrapped = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
     wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))

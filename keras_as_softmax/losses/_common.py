@@ -60,7 +60,9 @@ def check_delta(delta):
 def delta_variable(delta):
     """The non-trainable float32 `keras.Variable` that holds a loss's delta.
 
-    Callbacks (`DeltaWarmup`) assign it during training without recompiling.
+    Callbacks (`DeltaWarmup`) assign it during training, without
+    recompiling on TensorFlow and PyTorch; a compiled JAX step holds the
+    value it was traced with.
     A `keras.Variable` or a tensor that holds a value is checked by it.
     """
     if isinstance(delta, keras.Variable) or (

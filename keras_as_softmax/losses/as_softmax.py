@@ -153,7 +153,8 @@ class ASSoftmaxLoss(PerRowLoss):
     (`loss.delta`), so callbacks such as
     `keras_as_softmax.DeltaWarmup` can change it during training without
     recompiling on TensorFlow and PyTorch (JAX bakes it into the compiled
-    step, and `DeltaWarmup` asks for one re-trace when it changes).
+    steps, and `DeltaWarmup` traces the train and test steps again when it
+    changes it).
 
     Formula:
 

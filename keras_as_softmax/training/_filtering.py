@@ -326,14 +326,14 @@ def _drawn_rows(model, x, y, sample_weight, ids):
     )
 
 
-def _memory_skipped(loss, rows, keep):
-    """Counted rows of the samples a memory filter leaves out: they count
-    as masked for AS-Speed's rule."""
-    valid = ops.cast(
-        row_valid(loss, rows.y[0], ops.shape(rows.coefficients)), "float32"
+def _memory_skipped(rows, keep):
+    """Counted rows (a nonzero coefficient: valid, weighted) of the samples
+    a memory filter leaves out: they count as masked for AS-Speed's rule."""
+    counted = ops.cast(rows.coefficients != 0, "float32")
+    skipped = _broadcast_rows(
+        ops.cast(ops.logical_not(keep), "float32"), counted
     )
-    skipped = _broadcast_rows(ops.cast(ops.logical_not(keep), "float32"), valid)
-    return ops.sum(valid * skipped)
+    return ops.sum(counted * skipped)
 
 
 def _scoring_view(loss, rows, y, y_pred, go, draws, epoch, epochs):
@@ -441,7 +441,7 @@ def filtered_step(
         keep, rows = _apply_weight(
             rows, memory_filter.active(epoch, epochs), keep, weight
         )
-        skipped = _memory_skipped(loss, rows, keep)
+        skipped = _memory_skipped(rows, keep)
         count_all += skipped
         count_masked += skipped
         if not scoring_at:

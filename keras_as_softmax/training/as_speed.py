@@ -2,7 +2,6 @@
 
 import contextlib
 import json
-import sys
 import warnings
 
 import keras
@@ -15,6 +14,7 @@ from keras_as_softmax._validation import check_positive
 from keras_as_softmax.losses import ASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
 from keras_as_softmax.metrics import count_masked_rows
+from keras_as_softmax.training import _data
 from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import _layout
 from keras_as_softmax.training import _queue
@@ -739,70 +739,79 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         y=None,
         batch_size=None,
         epochs=1,
-        sample_weight=None,
+        verbose="auto",
+        callbacks=None,
+        validation_split=0.0,
         validation_data=None,
-        steps_per_epoch=None,
+        shuffle=True,
+        class_weight=None,
+        sample_weight=None,
         initial_epoch=0,
-        **kwargs,
+        steps_per_epoch=None,
+        validation_steps=None,
+        validation_batch_size=None,
+        validation_freq=1,
     ):
         self._check_compiled()
-        if validation_data is not None and self.preprocessor is not None:
-            validation_data = self._with_preprocessor(
-                *keras.utils.unpack_x_y_sample_weight(validation_data)
-                if isinstance(validation_data, tuple)
-                else (validation_data, None, None),
-                batch_size,
-            )[0]
+        if self.preprocessor is not None:
+            # The preprocessor makes a dataset of the arrays, which Keras
+            # cannot split: split them first, as keras-hub's tasks do.
+            if validation_split and validation_data is None:
+                (x, y, sample_weight), validation_data = _data.split_validation(
+                    x, y, sample_weight, validation_split
+                )
+                validation_split = 0.0
+            if validation_data is not None:
+                validation_data = self._with_preprocessor(
+                    *keras.utils.unpack_x_y_sample_weight(validation_data)
+                    if isinstance(validation_data, tuple)
+                    else (validation_data, None, None),
+                    validation_batch_size or batch_size,
+                )[0]
+                validation_batch_size = None
         if self.sample_filters:
-            self._prepare_filters(
+            x = self._prepare_filters(
                 x, y, sample_weight, batch_size, steps_per_epoch
             )
+            callbacks = [*(callbacks or []), _EpochSchedule(epochs)]
         x, y, sample_weight = self._with_preprocessor(
             x, y, sample_weight, batch_size
         )
         if self.preprocessor is not None:
             batch_size = None
-        if self.sample_filters:
-            callbacks = list(kwargs.pop("callbacks", None) or [])
-            callbacks.append(_EpochSchedule(epochs))
-            kwargs["callbacks"] = callbacks
         return super().fit(
             x=x,
             y=y,
             batch_size=batch_size,
             epochs=epochs,
-            sample_weight=sample_weight,
+            verbose=verbose,
+            callbacks=callbacks,
+            validation_split=validation_split,
             validation_data=validation_data,
-            steps_per_epoch=steps_per_epoch,
+            shuffle=shuffle,
+            class_weight=class_weight,
+            sample_weight=sample_weight,
             initial_epoch=initial_epoch,
-            **kwargs,
+            steps_per_epoch=steps_per_epoch,
+            validation_steps=validation_steps,
+            validation_batch_size=validation_batch_size,
+            validation_freq=validation_freq,
         )
 
     def _prepare_filters(
         self, x, y, sample_weight, batch_size, steps_per_epoch
     ):
         """Checks the data against the filters and builds their state,
-        before the first batch."""
-        # A `tf.data.Dataset` exists only once TensorFlow is imported: on
-        # JAX, arrays need no TensorFlow installed.
-        tf = sys.modules.get("tensorflow")
-        is_dataset = tf is not None and isinstance(x, tf.data.Dataset)
-        if is_dataset:
-            first = next(iter(x.take(1)))
-            first_x, first_y, first_w = keras.utils.unpack_x_y_sample_weight(
-                first
+        before the first batch. Returns the data to train on."""
+        (first_x, first_y, first_w), x = _data.first_batch(
+            x, y, sample_weight, batch_size
+        )
+        if first_y is None:
+            raise ValueError(
+                "ASSpeed's sample filters weigh each sample by its loss. "
+                "Expected labels: `y`, or batches `(x, y)` or "
+                "`(x, y, sample_weight)`. Received: no labels"
             )
-        else:
-            size = batch_size or 32
-
-            def take(t):
-                if t is None:
-                    return None
-                return keras.tree.map_structure(
-                    lambda a: np.asarray(a)[:size], t
-                )
-
-            first_x, first_y, first_w = take(x), take(y), take(sample_weight)
         inputs, ids = filters_lib.split_sample_ids(first_x)
         last_seen = self._memory_filter
         if last_seen is not None:
@@ -815,16 +824,32 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     "{'inputs': x, 'sample_id': ids}. Received inputs of type "
                     f"{type(first_x).__name__}"
                 )
+            data_kind = _data.kind(x)
+            if data_kind not in ("tf.data.Dataset", "arrays"):
+                raise ValueError(
+                    f"{type(last_seen).__name__} checks the sample ids of "
+                    "an epoch before training. Expected arrays made by "
+                    "keras_as_softmax.filters.with_sample_ids or a "
+                    "tf.data.Dataset made by index_dataset. Received: a "
+                    f"{data_kind}"
+                )
             self._check_ids(
-                x, is_dataset, last_seen.num_samples, steps_per_epoch
+                x,
+                data_kind == "tf.data.Dataset",
+                last_seen.num_samples,
+                steps_per_epoch,
             )
         batch = int(np.shape(keras.tree.flatten(inputs)[0])[0])
-        if ids is not None and tuple(np.shape(ids)) != (batch,):
+        if ids is not None and (
+            tuple(np.shape(ids)) != (batch,)
+            or not _dtype(ids).startswith(("int", "uint"))
+        ):
             raise ValueError(
-                f"Expected one sample id per sample: ids of shape ({batch},) "
-                f"in a batch of {batch}. Received: ids of shape "
-                f"{tuple(np.shape(ids))}. (index_dataset numbers the "
-                "elements of an unbatched dataset: call it before `batch`.)"
+                "Expected one integer sample id per sample: ids of shape "
+                f"({batch},) in a batch of {batch}. Received: ids of shape "
+                f"{tuple(np.shape(ids))}, dtype {_dtype(ids)}. "
+                "(index_dataset numbers the elements of an unbatched "
+                "dataset: call it before `batch`.)"
             )
         replicas = self._replicas()
         if batch % replicas:
@@ -874,6 +899,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 + _spec_difference(self._filter_spec, spec)
             )
         self._create_filter_state(spec)
+        return x
 
     def _warn_of_penalties(self):
         """Penalties of a pass's inputs enter the training passes only:
@@ -935,20 +961,35 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             )
 
     def evaluate(
-        self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs
+        self,
+        x=None,
+        y=None,
+        batch_size=None,
+        verbose="auto",
+        sample_weight=None,
+        steps=None,
+        callbacks=None,
+        return_dict=False,
+        **kwargs,
     ):
-        x, y, sample_weight = self._with_preprocessor(
-            x, y, sample_weight, batch_size
-        )
-        if self.preprocessor is not None:
-            batch_size = None
+        # From `fit`, the validation data is preprocessed already.
+        if not kwargs.get("_use_cached_eval_dataset"):
+            x, y, sample_weight = self._with_preprocessor(
+                x, y, sample_weight, batch_size
+            )
+            if self.preprocessor is not None:
+                batch_size = None
         self._evaluating = True
         try:
             return super().evaluate(
                 x=x,
                 y=y,
                 batch_size=batch_size,
+                verbose=verbose,
                 sample_weight=sample_weight,
+                steps=steps,
+                callbacks=callbacks,
+                return_dict=return_dict,
                 **kwargs,
             )
         finally:
@@ -962,11 +1003,19 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             logs.pop("scored_fraction", None)
         return logs
 
-    def predict(self, x, batch_size=None, **kwargs):
+    def predict(
+        self, x, batch_size=None, verbose="auto", steps=None, callbacks=None
+    ):
         if self.preprocessor is not None:
             x = self._with_preprocessor(x, None, None, batch_size)[0]
             batch_size = None
-        return super().predict(x, batch_size=batch_size, **kwargs)
+        return super().predict(
+            x,
+            batch_size=batch_size,
+            verbose=verbose,
+            steps=steps,
+            callbacks=callbacks,
+        )
 
     # ---------------------------------------------------------- serialization
 
@@ -984,6 +1033,21 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             masked_outputs=self.masked_outputs,
         )
         return config
+
+    def set_weights(self, weights):
+        if (
+            self.sample_filters
+            and self._filter_spec is None
+            and len(weights) > len(self.weights)
+        ):
+            raise ValueError(
+                "The filters' queues are weights too, built by the first "
+                "`fit()` (or by `load_weights`, from the file's layout). "
+                f"Expected {len(self.weights)} weights before they exist. "
+                f"Received: {len(weights)}. Fit first, or save and load a "
+                "weights file."
+            )
+        super().set_weights(weights)
 
     def save_own_variables(self, store):
         super().save_own_variables(store)
