@@ -10,11 +10,10 @@ import types
 import keras
 import numpy as np
 
-KINDS = ("tf.data.Dataset", "PyDataset", "DataLoader", "generator", "arrays")
-
 
 def kind(x):
-    """Which of `KINDS` the data `x` given to `fit` is."""
+    """What the data `x` given to `fit` is: "tf.data.Dataset",
+    "PyDataset", "DataLoader" (torch's), "generator" or "arrays"."""
     tf = sys.modules.get("tensorflow")
     torch = sys.modules.get("torch")
     if tf is not None and isinstance(x, tf.data.Dataset):
