@@ -1,5 +1,7 @@
 """ASSpeed's trainer on TensorFlow (eager, graph, XLA, tf.distribute)."""
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
@@ -263,13 +265,38 @@ class ASSpeedTrainer:
 
     def make_train_function(self, force=False):
         self._passes_jit_compile = xla_passes(self)
-        if not self._passes_jit_compile:
+        with self._as_graph(self._passes_jit_compile):
             return super().make_train_function(force)
+
+    def make_test_function(self, force=False):
+        with self._as_graph(False):
+            return super().make_test_function(force)
+
+    @contextlib.contextmanager
+    def _as_graph(self, passes_in_xla):
+        """Keras builds the step as a TensorFlow graph, not one XLA
+        program: where its passes are XLA functions (`xla_passes`), and
+        under several replicas on CPUs, where XLA cannot reach the other
+        replicas' variables (TensorFlow's known issue: a plain Keras model
+        fails the same way)."""
+        jit_compile = self.jit_compile
+        strategy = self.distribute_strategy
+        if not (
+            passes_in_xla
+            or (
+                jit_compile
+                and not self.run_eagerly
+                and strategy.num_replicas_in_sync > 1
+                and runs_on_cpus(strategy)
+            )
+        ):
+            yield
+            return
         self._jit_compile = False
         try:
-            return super().make_train_function(force)
+            yield
         finally:
-            self._jit_compile = True
+            self._jit_compile = jit_compile
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
