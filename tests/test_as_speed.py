@@ -670,23 +670,13 @@ def test_bad_arguments():
         model.fit(*data(8), verbose=0, callbacks=[warmup])
 
 
-def test_keras_hub_task_fed_raw_strings():
-    keras_hub = pytest.importorskip("keras_hub")
-    vocab = [
-        "[PAD]",
-        "[UNK]",
-        "[CLS]",
-        "[SEP]",
-        "[MASK]",
-        "the",
-        "cat",
-        "dog",
-        "sat",
-        "ran",
-    ]
-    tokenizer = keras_hub.models.BertTokenizer(vocabulary=vocab)
+def tiny_text_classifier(keras_hub):
+    """A keras-hub `BertTextClassifier` on raw strings, randomly
+    initialised, with a ten-word vocabulary."""
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab += ["the", "cat", "dog", "sat", "ran"]
     preprocessor = keras_hub.models.BertTextClassifierPreprocessor(
-        tokenizer, sequence_length=8
+        keras_hub.models.BertTokenizer(vocabulary=vocab), sequence_length=8
     )
     backbone = keras_hub.models.BertBackbone(
         vocabulary_size=len(vocab),
@@ -696,9 +686,13 @@ def test_keras_hub_task_fed_raw_strings():
         intermediate_dim=16,
         max_sequence_length=8,
     )
-    task = keras_hub.models.BertTextClassifier(
+    return keras_hub.models.BertTextClassifier(
         backbone, num_classes=2, preprocessor=preprocessor, activation=None
     )
+
+
+def test_keras_hub_task_fed_raw_strings():
+    task = tiny_text_classifier(pytest.importorskip("keras_hub"))
     wrapped = kas.ASSpeed(task, lam=0.5, max_steps=2)
     wrapped.compile(
         optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT
@@ -732,25 +726,7 @@ def test_a_keras_hub_task_validates_on_raw_strings():
     """`validation_data` and `validation_split` of raw strings, as the bare
     task takes them (with a filter, whose queues the split's training
     share shapes): the preprocessor runs once over each."""
-    keras_hub = pytest.importorskip("keras_hub")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat"]
-    tokenizer = keras_hub.models.BertTokenizer(vocabulary=vocab)
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=len(vocab),
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-        max_sequence_length=8,
-    )
-    task = keras_hub.models.BertTextClassifier(
-        backbone,
-        num_classes=2,
-        preprocessor=keras_hub.models.BertTextClassifierPreprocessor(
-            tokenizer, sequence_length=8
-        ),
-        activation=None,
-    )
+    task = tiny_text_classifier(pytest.importorskip("keras_hub"))
     texts = np.array(["the cat", "cat", "the the cat", "cat the"] * 4)
     labels = np.array([0, 1, 0, 1] * 4)
     wrapped = kas.ASSpeed(task, sample_filter=kas.filters.SkipMasked())
@@ -814,29 +790,25 @@ def test_delta_warmup_validates_and_fits_again_with_the_delta_it_set(wrap):
         y_pred = model.predict(x, verbose=0)
         return float(kas.ASSoftmaxLoss(delta)(y, y_pred))
 
-    logs = wrapped.fit(
-        x,
-        y,
-        batch_size=16,
-        epochs=4,
-        validation_data=(x, y),
-        verbose=0,
-        callbacks=[kas.DeltaWarmup(warmup_ratio=0.4)],
-    ).history
+    def fit_with_warmup(epochs, warmup_ratio):
+        warmup = kas.DeltaWarmup(warmup_ratio=warmup_ratio)
+        return wrapped.fit(
+            x,
+            y,
+            batch_size=16,
+            epochs=epochs,
+            validation_data=(x, y),
+            verbose=0,
+            callbacks=[warmup],
+        ).history
+
+    logs = fit_with_warmup(epochs=4, warmup_ratio=0.4)
     assert loss_at(0.3) < loss_at(1.0)
     assert logs["val_loss"][-1] == pytest.approx(loss_at(0.3), rel=1e-5)
     evaluated = wrapped.evaluate(x, y, verbose=0, return_dict=True)
     assert evaluated["loss"] == pytest.approx(loss_at(0.3), rel=1e-5)
     # Warm all through: delta = 1 masks nothing, and the end restores 0.3.
-    logs = wrapped.fit(
-        x,
-        y,
-        batch_size=16,
-        epochs=1,
-        validation_data=(x, y),
-        verbose=0,
-        callbacks=[kas.DeltaWarmup(warmup_ratio=1.0)],
-    ).history
+    logs = fit_with_warmup(epochs=1, warmup_ratio=1.0)
     if wrap:
         assert logs["masked_ratio"] == [0.0]
     assert logs["val_loss"][-1] == pytest.approx(loss_at(1.0), rel=1e-5)
