@@ -119,8 +119,7 @@ class DeltaWarmup(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         if self._warm:
-            self._assign(self._targets)
-            self._warm = False
+            self._end_warmup()
 
     def _end_warmup(self):
         self._assign(self._targets)

@@ -50,8 +50,14 @@ def first_batch(x, y, sample_weight, batch_size):
         first = next(x)
         x = _put_back(first, x)
     else:
+        expected = (
+            "arrays, a tf.data.Dataset, a keras.utils.PyDataset, a torch "
+            "DataLoader or a generator"
+        )
         size = batch_size or 32
-        first = tuple(_slice(t, 0, size, "x") for t in (x, y, sample_weight))
+        first = tuple(
+            _slice(t, 0, size, expected) for t in (x, y, sample_weight)
+        )
     if isinstance(first, list):  # a DataLoader's batch
         first = tuple(first)
     return keras.utils.unpack_x_y_sample_weight(first), x
@@ -75,26 +81,27 @@ def split_validation(x, y, sample_weight, validation_split):
             f"validation. Received: {samples} samples"
         )
     train = tuple(
-        _slice(t, 0, split_at, "validation_split")
+        _slice(t, 0, split_at, "arrays, for validation_split")
         for t in (x, y, sample_weight)
     )
     validation = tuple(
-        _slice(t, split_at, samples, "validation_split")
+        _slice(t, split_at, samples, "arrays, for validation_split")
         for t in (x, y, sample_weight)
     )
     return train, validation
 
 
-def _slice(structure, start, stop, name):
+def _slice(structure, start, stop, expected):
+    """`structure`'s arrays, sliced `[start:stop]`; a leaf that is not an
+    array raises, naming what was `expected`."""
     if structure is None:
         return None
 
     def take(a):
         if not getattr(a, "shape", None):
             raise ValueError(
-                f"Expected `{name}` data to be arrays, a tf.data.Dataset, a "
-                "keras.utils.PyDataset, a torch DataLoader or a generator. "
-                f"Received: an element of type {type(a).__name__}"
+                f"Expected data as {expected}. Received: an element of "
+                f"type {type(a).__name__}"
             )
         return a[start:stop]
 

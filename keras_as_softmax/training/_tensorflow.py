@@ -230,7 +230,8 @@ def xla_passes(model):
     """Whether a filtered step under `jit_compile=True` runs as a graph
     whose passes are XLA functions, rather than as one XLA program.
 
-    The one place this platform choice is made. One program, its
+    The one place this platform choice is made (beside
+    `xla_unreachable`, which makes every step a graph). One program, its
     conditionals decided on the device, is the default on a GPU or TPU.
     On CPUs the graph is the faster, by far at MiniLM's shape: XLA's CPU
     backend runs conditionals slowly (`benchmarks/RESULTS.md`, step
@@ -257,6 +258,15 @@ def xla_passes(model):
     return choice == "xla_passes"
 
 
+def xla_unreachable(model):
+    """Whether the model's variables live on several CPUs, whose replicas'
+    variables one XLA program cannot reach (TensorFlow's known issue: a
+    plain Keras model under `jit_compile=True` fails the same way), so that
+    every step runs as a graph."""
+    strategy = model.distribute_strategy
+    return strategy.num_replicas_in_sync > 1 and runs_on_cpus(strategy)
+
+
 class ASSpeedTrainer:
     """`train_step` and `test_step` of `ASSpeed` on TensorFlow."""
 
@@ -265,34 +275,20 @@ class ASSpeedTrainer:
 
     def make_train_function(self, force=False):
         self._passes_jit_compile = xla_passes(self)
-        with self._as_graph(self._passes_jit_compile):
+        graph = self._passes_jit_compile or xla_unreachable(self)
+        with self._without_jit(graph):
             return super().make_train_function(force)
 
     def make_test_function(self, force=False):
-        with self._as_graph(False):
+        with self._without_jit(xla_unreachable(self)):
             return super().make_test_function(force)
 
     @contextlib.contextmanager
-    def _as_graph(self, passes_in_xla):
-        """Keras builds the step as a TensorFlow graph, not one XLA
-        program: where its passes are XLA functions (`xla_passes`), and
-        under several replicas on CPUs, where XLA cannot reach the other
-        replicas' variables (TensorFlow's known issue: a plain Keras model
-        fails the same way)."""
+    def _without_jit(self, graph):
+        """Keras builds the step as a TensorFlow graph if `graph`."""
         jit_compile = self.jit_compile
-        strategy = self.distribute_strategy
-        if not (
-            passes_in_xla
-            or (
-                jit_compile
-                and not self.run_eagerly
-                and strategy.num_replicas_in_sync > 1
-                and runs_on_cpus(strategy)
-            )
-        ):
-            yield
-            return
-        self._jit_compile = False
+        if graph:
+            self._jit_compile = False
         try:
             yield
         finally:
