@@ -1140,7 +1140,9 @@ def test_multi_worker_mirrored_strategy_matches_single_device():
 
 
 # Accumulation and both filters under JAX's `keras.distribution.DataParallel`
-# on two host devices, against one device: the same fit, the same samples.
+# on two host devices, against one device: the same fit, the same samples;
+# also with 4 batches a dispatch (one `lax.scan`), its weights laid out as
+# one batch a dispatch lays them out.
 DATA_PARALLEL_SCRIPT = """import json, os
 os.environ["KERAS_BACKEND"] = "jax"
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
@@ -1153,7 +1155,7 @@ n = 96
 x = rng.standard_normal((n, 6)).astype("float32")
 y = x[:, :4].argmax(-1).astype("int32")
 
-def train(sample_filter, ids):
+def train(sample_filter, ids, steps_per_execution=1):
     keras.utils.set_random_seed(1)
     inputs = keras.Input((6,))
     # A weight's penalty counts once, as on one device.
@@ -1165,12 +1167,15 @@ def train(sample_filter, ids):
         sample_filter=sample_filter,
     )
     model.compile(
-        optimizer=keras.optimizers.Adam(0.03), loss=kas.ASSoftmaxLoss(0.3)
+        optimizer=keras.optimizers.Adam(0.03),
+        loss=kas.ASSoftmaxLoss(0.3),
+        steps_per_execution=steps_per_execution,
     )
     xs = filters.with_sample_ids(x) if ids else x
     hist = model.fit(
         xs, y, batch_size=8, epochs=5, shuffle=False, verbose=0
     ).history
+    layouts.append([(v.value.sharding, v.value.ndim) for v in model.variables])
     if not ids:
         return model.get_weights(), hist, None
     memory = keras.ops.convert_to_numpy(
@@ -1178,23 +1183,28 @@ def train(sample_filter, ids):
     ).tolist()
     return model.get_weights(), hist, memory
 
+skip = lambda: filters.SkipMasked(0.0, warmup_epochs=1)
 cases = {
-    "plain": (lambda: None, False),
-    "skip": (lambda: filters.SkipMasked(0.0, warmup_epochs=1), False),
+    "plain": (lambda: None, False, 1),
+    "skip": (skip, False, 1),
+    "skip_grouped": (skip, False, 4),
     "hybrid": (
         lambda: [
             filters.SkipMaskedLastSeen(n, seed=3),
             filters.SkipMasked(0.0),
         ],
         True,
+        1,
     ),
 }
 out = {}
-single = {k: train(f(), ids) for k, (f, ids) in cases.items()}
+layouts = []
+single = {k: train(f(), ids) for k, (f, ids, _) in cases.items()}
 keras.distribution.set_distribution(keras.distribution.DataParallel())
 assert len(jax.devices()) == 2
-for k, (f, ids) in cases.items():
-    w, h, mem = train(f(), ids)
+layouts.clear()
+for k, (f, ids, steps_per_execution) in cases.items():
+    w, h, mem = train(f(), ids, steps_per_execution)
     sw, sh, smem = single[k]
     out[k] = {
         "diff": max(float(np.abs(a - b).max()) for a, b in zip(w, sw)),
@@ -1202,6 +1212,9 @@ for k, (f, ids) in cases.items():
         "masked": [h["masked_ratio"], sh["masked_ratio"]],
         "mem_equal": mem == smem,
     }
+out["grouped_layout_equal"] = all(
+    a.is_equivalent_to(b, ndim) for (a, ndim), (b, _) in zip(*layouts[1:3])
+)
 print(json.dumps(out))
 """
 
@@ -1220,6 +1233,7 @@ def test_data_parallel_matches_single_device():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result.pop("grouped_layout_equal")
     for name, case in result.items():
         assert case["diff"] < 1e-5, name
         parallel, single = case["trained"]

@@ -1449,6 +1449,48 @@ def test_steps_per_execution_trains_as_steps_one_at_a_time(name, jit_compile):
         np.testing.assert_allclose(grouped_logs[key], values, rtol=1e-5)
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's lax.scan")
+def test_steps_per_execution_runs_a_group_of_batches_in_one_scan(monkeypatch):
+    """On JAX a full group of `steps_per_execution` batches is one dispatch
+    of one `jax.lax.scan` in `fit`, `evaluate` and `predict`: `ASSpeed`'s
+    own on Keras 3.15, whose loop dispatches each batch, and Keras's after
+    it. An epoch of 9 batches runs two groups of 4, then one batch; the
+    results are those of one batch a dispatch."""
+    import jax
+
+    lengths = []
+    scan = jax.lax.scan
+
+    def recording(f, init, xs=None, length=None, **kwargs):
+        lengths.append(length or jax.tree.leaves(xs)[0].shape[0])
+        return scan(f, init, xs, length, **kwargs)
+
+    n = 72
+    x, y = sentence_data(n)
+
+    def run(steps_per_execution):
+        keras.utils.set_random_seed(0)
+        wrapped = _compiled(
+            "skip", n, jit_compile=True, steps_per_execution=steps_per_execution
+        )
+        wrapped.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        return (
+            wrapped.evaluate(x, y, batch_size=8, verbose=0),
+            wrapped.predict(x, batch_size=8, verbose=0),
+        )
+
+    evaluated, predicted = run(1)
+    monkeypatch.setattr(jax.lax, "scan", recording)
+    grouped_evaluated, grouped_predicted = run(4)
+    # fit, evaluate and predict each traced one scan over 4 batches.
+    assert lengths.count(4) == 3, lengths
+    np.testing.assert_allclose(grouped_evaluated, evaluated, rtol=1e-5)
+    assert grouped_predicted.shape == (n, *predicted.shape[1:])
+    np.testing.assert_allclose(
+        grouped_predicted, predicted, rtol=1e-5, atol=1e-6
+    )
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="JAX's pure train step")
 @pytest.mark.parametrize("name", list(_one_program_filters()))
 def test_a_step_reads_no_device_value_on_the_host(monkeypatch, name):

@@ -7,10 +7,16 @@ Keras's `make_train_function` compiles the step into one program, with its
 state donated; the scoring pass, the training pass and the end of a window
 run inside `jax.lax.cond`, whose untaken branch XLA skips. Nothing is read
 back to the host.
+
+With `steps_per_execution=N`, N drawn batches run in one `jax.lax.scan`,
+one dispatch, as Keras's own trainer does after 3.15 (`scan_steps`).
 """
+
+import itertools
 
 import jax
 import keras
+from keras.src.backend.jax import trainer as keras_jax_trainer
 
 from keras_as_softmax import filters
 from keras_as_softmax.training import _filtering
@@ -20,6 +26,58 @@ def stateless_uniform(size, seed, counter):
     """`size` uniform draws in [0, 1), a function of `(seed, counter)`."""
     key = jax.random.fold_in(jax.random.key(seed), counter)
     return jax.random.uniform(key, (size,))
+
+
+# Keras after 3.15 runs a group of `steps_per_execution` batches in one
+# `lax.scan` itself (keras-team/keras#23527); 3.15 loops on the host.
+KERAS_SCANS_STEPS = hasattr(keras_jax_trainer, "_build_multi_step_scan")
+
+
+def scan_steps(keras_step, step_function, steps, concatenate_outputs):
+    """Keras's `iterator_step` with each full group of `steps` batches in
+    one `jax.lax.scan`.
+
+    The host pays for a dispatch once a group: on Keras 3.15 `fit` calls a
+    compiled step once a batch, at a host cost (a few milliseconds at
+    MiniLM's size) that a GPU's step can fall to once the filters skip its
+    passes. A group that cannot stack (an epoch's last, or a short batch
+    in it) goes to `keras_step`, Keras's loop over the compiled step.
+    """
+
+    def run(state, batches):
+        stacked = jax.tree.map(lambda *a: jax.numpy.stack(a), *batches)
+
+        def body(state, batch):
+            outputs, state = step_function(state, batch)
+            return state, outputs
+
+        state, outputs = jax.lax.scan(body, state, stacked)
+        if concatenate_outputs:
+            return jax.tree.map(_join_steps, outputs), state
+        return jax.tree.map(lambda a: a[-1], outputs), state
+
+    scanned = jax.jit(run, donate_argnums=0)
+
+    def iterator_step(state, iterator):
+        batches = list(itertools.islice(iterator, steps))
+        if len(batches) == steps and _stackable(batches):
+            return scanned(state, batches)
+        return keras_step(state, iter(batches))
+
+    return iterator_step
+
+
+def _join_steps(a):
+    return a.reshape((a.shape[0] * a.shape[1], *a.shape[2:]))
+
+
+def _stackable(batches):
+    def signature(batch):
+        leaves, structure = jax.tree.flatten(batch)
+        return structure, [(leaf.shape, leaf.dtype) for leaf in leaves]
+
+    first = signature(batches[0])
+    return all(signature(batch) == first for batch in batches[1:])
 
 
 class _Hooks:
@@ -170,6 +228,25 @@ class ASSpeedTrainer:
             object.__setattr__(self, name, value)
         else:
             super().__setattr__(name, value)
+
+    if not KERAS_SCANS_STEPS:
+
+        def _make_function(self, step_function, concatenate_outputs=False):
+            keras_step = super()._make_function(
+                step_function, concatenate_outputs
+            )
+            if (
+                self.steps_per_execution == 1
+                or self.run_eagerly
+                or not self.jit_compile
+            ):
+                return keras_step
+            return scan_steps(
+                keras_step,
+                step_function,
+                self.steps_per_execution,
+                concatenate_outputs,
+            )
 
     def train_step(self, state, data):
         trainable, non_trainable, optimizer_vars, metrics_vars = state
