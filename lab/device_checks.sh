@@ -34,9 +34,15 @@ run() {  # run NAME SECONDS BACKEND ARGS...
 # First what tells where a MiniLM step's time goes, in the order the
 # limits below fit one call of the device tool: the step with its host
 # time (`host ms`: near the step's time, the GPU waits for Keras's loop);
-# XLA's log of its CUDA graph updates; the step with the temporary buffer
-# at a fixed address; then eight steps a dispatch.
+# then eight steps a dispatch, which ASSpeed runs in one lax.scan on Keras
+# 3.15 (a plain Keras 3.15 model loops over them on the host): do the
+# filters pay once the host's time a step falls? Then XLA's log of its
+# CUDA graph updates; the step with the temporary buffer at a fixed
+# address; eight steps a dispatch under Keras's nightly, softmax scanned
+# too.
 run gpu_check_jax 180 jax benchmarks/gpu_check.py --shape minilm
+run gpu_check_jax_spe8 150 jax benchmarks/gpu_check.py --shape minilm \
+    --steps-per-execution 8 --variants softmax,as_speed,skip_masked,pair
 # Does XLA update the step's CUDA graph before each execution, and at what
 # host cost? It updates the commands that use a buffer whose address moved
 # since the last execution (the new batch; outputs not donated; the
@@ -69,7 +75,7 @@ if python3 -m pip install -q --no-index --no-deps --no-compile \
         150 jax benchmarks/gpu_check.py --shape minilm --backbone keras \
         --steps-per-execution 8 --variants softmax,skip_masked,pair
 fi
-# Keras 3.15 loops over the eight on the host: the tiny model.
+# The tiny model, eight steps a dispatch on Keras 3.15.
 run step_overhead_jax_spe8 50 jax benchmarks/step_overhead.py --rounds 7 \
     --steps-per-execution 8
 # Then plain JAX (issue 30): does an untaken conditional cost, and is a
