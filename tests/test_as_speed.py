@@ -377,6 +377,42 @@ def test_keras_file_keeps_wrapper_and_counters(tmp_path):
     loaded.fit(x, y, batch_size=4, epochs=1, verbose=0)  # keeps training
 
 
+@pytest.mark.parametrize("sample_filter", [None, "skip_masked"])
+def test_training_outside_its_own_fit_warns_once(sample_filter):
+    """Nested in another model, an `ASSpeed` trains as its inner model
+    (Keras runs the outer model's step): that fit warns, once. Its own
+    `fit`, `evaluate` and `predict`, with or without a filter, do not."""
+    import warnings
+
+    x, y = data(32)
+    wrapped = kas.ASSpeed(
+        make_model(),
+        sample_filter=sample_filter and kas.filters.SkipMasked(0.0),
+    )
+    wrapped.compile(
+        optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT
+    )
+    inputs = keras.Input((6,))
+    outer = keras.Model(inputs, wrapped(inputs))
+    outer.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT)
+
+    def caught(run):
+        with warnings.catch_warnings(record=True) as records:
+            warnings.simplefilter("always")
+            run()
+        return [r for r in records if "training outside" in str(r.message)]
+
+    def own():
+        wrapped.fit(x, y, batch_size=8, epochs=2, verbose=0)
+        wrapped.evaluate(x, y, verbose=0)
+        wrapped.predict(x, verbose=0)
+
+    assert caught(own) == []
+    nested = caught(lambda: outer.fit(x, y, batch_size=8, epochs=2, verbose=0))
+    assert len(nested) == 1
+    assert "without accumulation or sample filters" in str(nested[0].message)
+
+
 def test_subclassed_model():
     class Classifier(keras.Model):
         def __init__(self, **kwargs):
@@ -880,8 +916,10 @@ def build(strategy):
 
 MIRRORED_SCRIPT = (
     """
-import json, os
+import json, os, warnings
 os.environ["KERAS_BACKEND"] = "tensorflow"
+# Each replica traces its own train step: none trains "outside" it.
+warnings.filterwarnings("error", message=".*training outside")
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(

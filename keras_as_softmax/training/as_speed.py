@@ -415,7 +415,32 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         schedule = self._schedule.value
         return schedule[0], schedule[1]
 
+    # How many `train_step`s run (or are traced; one a replica under
+    # `MirroredStrategy`): `call` warns when it trains outside them, where
+    # nothing accumulates or filters.
+    _train_steps_running = 0
+    _warned_training_outside = False
+
+    def train_step(self, *args):
+        self._train_steps_running += 1
+        try:
+            return super().train_step(*args)
+        finally:
+            self._train_steps_running -= 1
+
     def call(self, inputs, training=None):
+        if training and not (
+            self._train_steps_running or self._warned_training_outside
+        ):
+            self._warned_training_outside = True
+            warnings.warn(
+                f"ASSpeed {self.name!r} is training outside its own "
+                "`fit` (as a layer of another model, or in a custom "
+                "training loop): there it runs as its inner model, without "
+                "accumulation or sample filters. Fit the ASSpeed itself, "
+                "with the outer model as its inner one.",
+                stacklevel=2,
+            )
         inputs, _ = filters_lib.split_sample_ids(inputs)
         return self.inner_model(inputs, training=training)
 
