@@ -43,6 +43,21 @@ def scan_steps(keras_step, step_function, steps, concatenate_outputs):
     passes. A group that cannot stack (an epoch's last, or a short batch
     in it) goes to `keras_step`, Keras's loop over the compiled step.
     """
+    scanned = scan(step_function, concatenate_outputs)
+
+    def iterator_step(state, iterator):
+        batches = list(itertools.islice(iterator, steps))
+        if len(batches) == steps and _stackable(batches):
+            return scanned(state, batches)
+        return keras_step(state, iter(batches))
+
+    return iterator_step
+
+
+def scan(step_function, concatenate_outputs=False):
+    """`(state, batches) -> (outputs, state)`: `step_function` over the
+    list `batches` in one `jax.lax.scan`, compiled with the state donated.
+    The outputs are the last step's, or all steps' joined."""
 
     def run(state, batches):
         stacked = jax.tree.map(lambda *a: jax.numpy.stack(a), *batches)
@@ -56,15 +71,7 @@ def scan_steps(keras_step, step_function, steps, concatenate_outputs):
             return jax.tree.map(_join_steps, outputs), state
         return jax.tree.map(lambda a: a[-1], outputs), state
 
-    scanned = jax.jit(run, donate_argnums=0)
-
-    def iterator_step(state, iterator):
-        batches = list(itertools.islice(iterator, steps))
-        if len(batches) == steps and _stackable(batches):
-            return scanned(state, batches)
-        return keras_step(state, iter(batches))
-
-    return iterator_step
+    return jax.jit(run, donate_argnums=0)
 
 
 def _join_steps(a):
