@@ -377,6 +377,45 @@ def test_keras_file_keeps_wrapper_and_counters(tmp_path):
     loaded.fit(x, y, batch_size=4, epochs=1, verbose=0)  # keeps training
 
 
+@pytest.mark.skipif(
+    BACKEND != "jax",
+    reason="Keras's TensorFlow trainer keeps the steps_per_execution it was "
+    "built with (a plain model then skips batches too); torch takes 1 only",
+)
+def test_steps_per_execution_set_between_fits_trains_every_batch():
+    """`steps_per_execution` is a plain attribute that Keras's JAX loop
+    reads at every dispatch; set between two fits without compiling again,
+    the groups follow it (a scan over 4 where it was 2), and every batch
+    of the epoch trains once."""
+    x, y = data(13 * 8)
+    seen = []
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 13
+
+        def __getitem__(self, i):
+            seen.append(i)
+            return x[8 * i : 8 * i + 8], y[8 * i : 8 * i + 8]
+
+    wrapped = kas.ASSpeed(make_model(), max_steps=1)
+    wrapped.compile(
+        optimizer="sgd",
+        loss=kas.ASSoftmaxLoss(0.3),
+        jit_compile=JIT,
+        steps_per_execution=2,
+    )
+    wrapped.fit(Batches(), epochs=1, shuffle=False, verbose=0)
+    wrapped.steps_per_execution = 4
+    seen.clear()
+    updates = int(ops.convert_to_numpy(wrapped.optimizer.iterations))
+    wrapped.fit(Batches(), epochs=1, shuffle=False, verbose=0)
+    assert sorted(set(seen)) == list(range(13))
+    # One batch a window (`max_steps=1`): one update a batch.
+    updates = int(ops.convert_to_numpy(wrapped.optimizer.iterations)) - updates
+    assert updates == 13
+
+
 @pytest.mark.parametrize("sample_filter", [None, "skip_masked"])
 def test_training_outside_its_own_fit_warns_once(sample_filter):
     """Nested in another model, an `ASSpeed` trains as its inner model

@@ -9,7 +9,7 @@ run inside `jax.lax.cond`, whose untaken branch XLA skips. Nothing is read
 back to the host.
 
 With `steps_per_execution=N`, N drawn batches run in one `jax.lax.scan`,
-one dispatch, as Keras's own trainer does after 3.15 (`scan_steps`).
+one dispatch, as Keras's own trainer does after 3.15 (`_make_function`).
 """
 
 import itertools
@@ -31,27 +31,6 @@ def stateless_uniform(size, seed, counter):
 # Keras after 3.15 runs a group of `steps_per_execution` batches in one
 # `lax.scan` itself (keras-team/keras#23527); 3.15 loops on the host.
 KERAS_SCANS_STEPS = hasattr(keras_jax_trainer, "_build_multi_step_scan")
-
-
-def scan_steps(keras_step, step_function, steps, concatenate_outputs):
-    """Keras's `iterator_step` with each full group of `steps` batches in
-    one `jax.lax.scan`.
-
-    The host pays for a dispatch once a group: on Keras 3.15 `fit` calls a
-    compiled step once a batch, at a host cost (a few milliseconds at
-    MiniLM's size) that a GPU's step can fall to once the filters skip its
-    passes. A group that cannot stack (an epoch's last, or a short batch
-    in it) goes to `keras_step`, Keras's loop over the compiled step.
-    """
-    scanned = scan(step_function, concatenate_outputs)
-
-    def iterator_step(state, iterator):
-        batches = list(itertools.islice(iterator, steps))
-        if len(batches) == steps and _stackable(batches):
-            return scanned(state, batches)
-        return keras_step(state, iter(batches))
-
-    return iterator_step
 
 
 def scan(step_function, concatenate_outputs=False):
@@ -239,6 +218,16 @@ class ASSpeedTrainer:
     if not KERAS_SCANS_STEPS:
 
         def _make_function(self, step_function, concatenate_outputs=False):
+            """Keras's `iterator_step`, with each full group of
+            `steps_per_execution` batches in one `jax.lax.scan`.
+
+            Keras 3.15's `fit` dispatches each batch's compiled step from a
+            Python loop, at a host cost (a few milliseconds at MiniLM's
+            size) that a GPU's step can fall to once the filters skip its
+            passes; the scan pays it once a group. A group that cannot
+            stack (an epoch's last, or one holding its short last batch)
+            goes to Keras's loop over the compiled step.
+            """
             keras_step = super()._make_function(
                 step_function, concatenate_outputs
             )
@@ -248,12 +237,17 @@ class ASSpeedTrainer:
                 or not self.jit_compile
             ):
                 return keras_step
-            return scan_steps(
-                keras_step,
-                step_function,
-                self.steps_per_execution,
-                concatenate_outputs,
-            )
+            scanned = scan(step_function, concatenate_outputs)
+
+            def iterator_step(state, iterator):
+                # Read at each call, as Keras's loop and epoch iterator do.
+                steps = self.steps_per_execution
+                batches = list(itertools.islice(iterator, steps))
+                if steps > 1 and len(batches) == steps and _stackable(batches):
+                    return scanned(state, batches)
+                return keras_step(state, iter(batches))
+
+            return iterator_step
 
     def train_step(self, state, data):
         trainable, non_trainable, optimizer_vars, metrics_vars = state
