@@ -36,6 +36,9 @@ class DeltaWarmup(keras.callbacks.Callback):
 
     Steps are the batches `fit` runs (micro-batches under
     `keras_as_softmax.ASSpeed`), counted from the start of each `fit` call.
+    With `steps_per_execution=N` delta changes between groups of N
+    batches: the warm-up ends with the first group that starts at or
+    after the switch.
     On JAX, where a compiled step holds delta as a constant, each change
     of delta (at the start, the switch and the end) traces the train and
     test steps again; TensorFlow and PyTorch read the variable at every
@@ -107,15 +110,22 @@ class DeltaWarmup(keras.callbacks.Callback):
         self._targets = [
             float(keras.ops.convert_to_numpy(v)) for v in self._variables
         ]
-        self._step = 0
+        self._step = 0  # batches run before the epoch
         self._warm = self._switch_step > 0
         if self._warm:
             self._assign([self.warmup_delta] * len(self._variables))
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = self._step
+
     def on_train_batch_begin(self, batch, logs=None):
-        if self._warm and self._step >= self._switch_step:
+        # `batch` is the epoch's index of the group's first batch.
+        if self._warm and self._epoch_start + batch >= self._switch_step:
             self._end_warmup()
-        self._step += 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        # `batch` is the epoch's index of the group's last batch.
+        self._step = self._epoch_start + batch + 1
 
     def on_train_end(self, logs=None):
         if self._warm:

@@ -1043,6 +1043,23 @@ def test_token_rows_with_ignored_positions():
     assert logs["trained_fraction"][-1] < 1.0
 
 
+def test_train_on_batch_continues_a_fit():
+    """A filter's state is shaped by `fit`'s data and scheduled by its
+    epochs: `train_on_batch` before any fit says so; after one it trains."""
+    x, y = sentence_data(32)
+    wrapped = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
+    wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
+    with pytest.raises(ValueError, match="fit.*before any fit"):
+        wrapped.train_on_batch(x[:8], y[:8])
+    wrapped.fit(x, y, batch_size=8, verbose=0)
+    before = wrapped.get_weights()
+    logs = wrapped.train_on_batch(x[:8], y[:8], return_dict=True)
+    assert np.isfinite(logs["loss"])
+    assert not all(
+        np.array_equal(a, b) for a, b in zip(before, wrapped.get_weights())
+    )
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="revisit"):
         filters.SkipMaskedLastSeen(10, revisit=1.5)

@@ -416,8 +416,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         return schedule[0], schedule[1]
 
     # How many `train_step`s run (or are traced; one a replica under
-    # `MirroredStrategy`): `call` warns when it trains outside them, where
-    # nothing accumulates or filters.
+    # `MirroredStrategy`): `call` warns when it runs in training mode
+    # outside them, where nothing accumulates or filters.
     _train_steps_running = 0
     _warned_training_outside = False
 
@@ -434,11 +434,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         ):
             self._warned_training_outside = True
             warnings.warn(
-                f"ASSpeed {self.name!r} is training outside its own "
-                "`fit` (as a layer of another model, or in a custom "
-                "training loop): there it runs as its inner model, without "
-                "accumulation or sample filters. Fit the ASSpeed itself, "
-                "with the outer model as its inner one.",
+                f"ASSpeed {self.name!r} was called with training=True "
+                "outside its own `fit`. If that trains it (as a layer of "
+                "another model, or in a custom training loop), it trains as "
+                "its inner model, without accumulation or sample filters: "
+                "fit the ASSpeed itself, with the outer model as its inner "
+                "one.",
                 stacklevel=2,
             )
         inputs, _ = filters_lib.split_sample_ids(inputs)
@@ -984,6 +985,34 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "Expected sample ids in [0, num_samples) = "
                 f"[0, {num_samples}). Received ids in [{low}, {high}]."
             )
+
+    def train_on_batch(
+        self,
+        x,
+        y=None,
+        sample_weight=None,
+        class_weight=None,
+        return_dict=False,
+    ):
+        """`keras.Model.train_on_batch`; with a sample filter, after a
+        `fit` (or `load_weights`) has built the filters' state."""
+        if self.sample_filters and self._filter_spec is None:
+            raise ValueError(
+                "ASSpeed's sample filters keep state shaped by the data and "
+                "scheduled by the epochs, which `fit()` builds (or "
+                "`load_weights`, from a file). Expected a fitted ASSpeed. "
+                "Received: train_on_batch before any fit"
+            )
+        if self.sample_filters and _BACKEND == "torch":
+            # Keras's torch trainer passes the arrays on as given; the
+            # filtered step queues rows as tensors.
+            x, y, sample_weight = keras.tree.map_structure(
+                lambda a: a if a is None else ops.convert_to_tensor(a),
+                (x, y, sample_weight),
+            )
+        return super().train_on_batch(
+            x, y, sample_weight, class_weight, return_dict
+        )
 
     def evaluate(
         self,
