@@ -110,7 +110,8 @@ class DeltaWarmup(keras.callbacks.Callback):
         self._targets = [
             float(keras.ops.convert_to_numpy(v)) for v in self._variables
         ]
-        self._step = 0  # batches run before the epoch
+        self._step = 0  # batches run in this `fit`
+        self._epoch_start = 0
         self._warm = self._switch_step > 0
         if self._warm:
             self._assign([self.warmup_delta] * len(self._variables))

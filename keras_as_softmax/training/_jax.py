@@ -224,9 +224,10 @@ class ASSpeedTrainer:
             Keras 3.15's `fit` dispatches each batch's compiled step from a
             Python loop, at a host cost (a few milliseconds at MiniLM's
             size) that a GPU's step can fall to once the filters skip its
-            passes; the scan pays it once a group. A group that cannot
-            stack (an epoch's last, or one holding its short last batch)
-            goes to Keras's loop over the compiled step.
+            passes; the scan pays it once a group. A group of fewer
+            batches (an epoch's last) or of unequal shapes (one holding the
+            epoch's short last batch) goes to Keras's loop over the
+            compiled step.
             """
             keras_step = super()._make_function(
                 step_function, concatenate_outputs
