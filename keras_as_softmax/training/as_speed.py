@@ -422,11 +422,17 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     _warned_training_outside = False
 
     def train_step(self, *args):
-        self._train_steps_running += 1
+        # Plain writes: `Layer.__setattr__`'s tracking would cost about
+        # 10 us each on every eager PyTorch step.
+        self._count_train_step(1)
         try:
             return super().train_step(*args)
         finally:
-            self._train_steps_running -= 1
+            self._count_train_step(-1)
+
+    def _count_train_step(self, change):
+        running = self._train_steps_running + change
+        object.__setattr__(self, "_train_steps_running", running)
 
     def call(self, inputs, training=None):
         if training and not (
