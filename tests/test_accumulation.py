@@ -247,3 +247,29 @@ def test_optimizer_round_trips_and_forwards_to_the_inner():
     assert restored.regularize_weights
     with pytest.raises(ValueError, match="inner_optimizer"):
         kas.AccumulatingOptimizer("adam")
+
+
+@pytest.mark.parametrize(
+    "argument", ["clipnorm", "global_clipnorm", "weight_decay", "use_ema"]
+)
+def test_optimizer_refuses_update_arguments_meant_for_the_inner(argument):
+    # Set on the wrapper, they would act on nothing.
+    with pytest.raises(ValueError, match=f"set {argument} on it"):
+        kas.AccumulatingOptimizer(keras.optimizers.SGD(), **{argument: 1.0})
+
+
+@pytest.mark.parametrize("loss_scale", [False, True])
+def test_exclude_from_weight_decay_reaches_the_optimizer_that_decays(
+    loss_scale,
+):
+    kernel = keras.Variable(np.ones(2, "float32"), name="kernel")
+    bias = keras.Variable(np.ones(2, "float32"), name="bias")
+    inner = keras.optimizers.AdamW(0.1, weight_decay=1.0)
+    if loss_scale:
+        inner = keras.optimizers.LossScaleOptimizer(inner, 1.0)
+    optimizer = kas.AccumulatingOptimizer(inner)
+    optimizer.exclude_from_weight_decay(var_names=["bias"])
+    optimizer.apply([np.zeros(2, "float32")] * 2, [kernel, bias])
+    # AdamW decays `variable -= variable * weight_decay * learning_rate`.
+    np.testing.assert_allclose(ops.convert_to_numpy(kernel), 0.9)
+    np.testing.assert_allclose(ops.convert_to_numpy(bias), 1.0)

@@ -220,6 +220,35 @@ def test_learning_rate_schedule_counts_updates():
     assert max_weight_diff_arrays(start, inner.get_weights()) > 1e-3
 
 
+@pytest.mark.skipif(
+    not hasattr(keras.optimizers, "MultiOptimizer"), reason="Keras 3.15+"
+)
+def test_learning_rate_callbacks_set_each_rate_of_a_multi_optimizer():
+    # Keras's callbacks set each sub-optimizer's rate through `optimizers`.
+    def multi():
+        optimizers = keras.optimizers
+        return optimizers.MultiOptimizer(
+            optimizers.OptimizerMap(
+                optimizers.SGD(0.1), {".*dense/.*": optimizers.SGD(0.2)}
+            )
+        )
+
+    x, y = data()
+    callbacks = [
+        keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate / 2),
+        keras.callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=0),
+    ]
+    model = kas.ASSpeed(make_model())
+    model.compile(optimizer=multi(), loss=kas.ASSoftmaxLoss(), jit_compile=JIT)
+    logs = model.fit(x, y, epochs=2, callbacks=callbacks, verbose=0).history
+    rates = sorted(
+        float(ops.convert_to_numpy(o.learning_rate))
+        for o in model.optimizer.optimizers
+    )
+    assert rates[0] < 0.1 / 4 + 1e-7 and rates[1] < 0.2 / 4 + 1e-7
+    assert sum(k.startswith("learning_rate_") for k in logs) == 2
+
+
 def max_weight_diff_arrays(a, b):
     return max(float(np.abs(u - v).max()) for u, v in zip(a, b))
 
@@ -468,6 +497,7 @@ def test_subclassed_model():
     history = wrapped.fit(x, y, batch_size=8, epochs=2, verbose=0)
     assert set(history.history) >= {"loss", "masked_ratio", "accum_steps"}
     assert wrapped.predict(x, verbose=0).shape == (32, 4)
+    assert not hasattr(wrapped, "output_names")  # as on the inner model
     # With a filter, whose queues the first fit() adds once ASSpeed is
     # built; here built by a predict() before it.
     always = kas.filters.SkipMasked(warmup_epochs=0, min_masked_ratio=0.0)
@@ -686,6 +716,34 @@ def test_several_outputs_count_the_named_output():
     np.testing.assert_allclose(ratio, float(masked) / len(x), atol=1e-6)
     config = wrapped.get_config()
     assert config["masked_outputs"] == ["intent"]
+
+
+def test_several_outputs_in_a_list_log_the_names_a_plain_model_logs():
+    # Keras names each output's loss and metrics after the model's outputs.
+    x, y = joint_data()
+
+    def list_model():
+        model = joint_model()
+        return keras.Model(model.input, [model.output[k] for k in y])
+
+    def logged(model):
+        ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        model.compile(
+            optimizer="sgd",
+            loss=[kas.ASSoftmaxLoss(0.3), ce],
+            metrics=[["accuracy"], ["accuracy"]],
+            jit_compile=JIT,
+        )
+        labels = list(y.values())
+        history = model.fit(
+            x, labels, epochs=1, validation_data=(x, labels), verbose=0
+        )
+        return set(history.history)
+
+    plain = logged(list_model())
+    assert "val_intent_loss" in plain and "slots_accuracy" in plain
+    wrapped = kas.ASSpeed(list_model(), masked_outputs="intent")
+    assert plain <= logged(wrapped)
 
 
 def test_several_outputs_bad_input():

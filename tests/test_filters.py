@@ -1,6 +1,7 @@
 """Sample filters: the queue, the pipeline's bookkeeping, and training."""
 
 import importlib.util
+import json
 import sys
 import types
 import warnings
@@ -145,6 +146,7 @@ def run_pipeline(
         ((), "float32"),
         ((), "float32"),
         ((), "int32"),
+        ((), "float32"),
         ((), "float32"),
     ]
 
@@ -356,6 +358,43 @@ def test_infobatch_prunes_below_mean_losses_and_rescales():
     masked = ops.logical_and(counted, ops.equal(values, 0.0))
     memory = observe(f, T.ones(4, "float32"), [2, 0], counted, masked, values)
     np.testing.assert_allclose(ops.convert_to_numpy(memory), [0, 1, 1, 1])
+
+
+def test_infobatch_prunes_no_sample_before_it_is_seen():
+    f = filters.InfoBatch(4, prune=0.75)
+    # Samples 2 and 3 not seen yet: no candidates, and out of the mean.
+    memory = T.array([2.0, 1.2, f.memory_initial, f.memory_initial], "float32")
+    candidate = f.candidates(memory, memory, 0)
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(candidate), [False, True, False, False]
+    )
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(f.masked_when_seen({f.memory_name: memory})),
+        [0, 0, 0, 0],
+    )
+    # Nothing seen: nothing left out.
+    memory = ops.full((4,), f.memory_initial, "float32")
+    assert not np.any(ops.convert_to_numpy(f.candidates(memory, memory, 0)))
+    # A pass writes the losses of the samples it ran on only.
+    values = T.array([[0.5], [3.0]], "float32")
+    counted = T.ones((2, 1), bool)
+    memory = observe(
+        f, memory, [3, 1], counted, ops.zeros_like(counted), values
+    )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(memory), [-np.inf, 3.0, -np.inf, 0.5]
+    )
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(f.candidates(memory, memory, 0)),
+        [False, False, False, True],
+    )
+    # Files saved before the sentinel hold 1.0 where nothing was seen:
+    # those samples count as seen with a loss of 1, as they did then.
+    memory = T.array([2.0, 1.2, 1.0, 1.0], "float32")  # mean 1.3
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(f.candidates(memory, memory, 0)),
+        [False, True, True, True],
+    )
 
 
 def observe(f, memory, ids, counted, masked, values, epoch=3):
@@ -987,6 +1026,48 @@ def test_infobatch_trains_softmax_on_fewer_and_round_trips(
     np.testing.assert_array_equal(state_of(loaded, "last_seen_loss"), memory)
 
 
+@pytest.mark.parametrize("jit_compile", JIT, indirect=True)
+def test_infobatch_trains_every_sample_before_it_has_seen_it(jit_compile):
+    """Without the warm-up epoch (`warmup_epochs=0`, or a first `fit` from
+    an `initial_epoch` past it) the first epoch still trains on every
+    sample, none reweighted: at a learning rate of 0 it logs the plain
+    model's loss. Initial losses are near ln 4 > 1 here."""
+    x, y = sentence_data()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    plain = small_model()
+    plain.compile(
+        optimizer=keras.optimizers.SGD(0.0), loss=loss, jit_compile=jit_compile
+    )
+    (expected,) = plain.fit(
+        x, y, batch_size=8, shuffle=False, verbose=0
+    ).history["loss"]
+    assert expected > 1.0
+    for options, epochs in [
+        ({"warmup_epochs": 0}, {"epochs": 3}),
+        ({}, {"epochs": 4, "initial_epoch": 1}),
+    ]:
+        f = filters.InfoBatch(64, seed=0, anneal_fraction=0.0, **options)
+        wrapped = kas.ASSpeed(small_model(), max_steps=1, sample_filter=f)
+        wrapped.compile(
+            optimizer=keras.optimizers.SGD(0.0),
+            loss=loss,
+            jit_compile=jit_compile,
+        )
+        logs = wrapped.fit(
+            filters.with_sample_ids(x),
+            y,
+            batch_size=8,
+            shuffle=False,
+            verbose=0,
+            **epochs,
+        ).history
+        assert logs["trained_fraction"][0] == 1.0, options
+        np.testing.assert_allclose(logs["loss"][0], expected, rtol=1e-5)
+        # Every sample seen and recorded; then it prunes.
+        assert np.all(np.isfinite(state_of(wrapped, "last_seen_loss")))
+        assert max(logs["trained_fraction"][1:]) < 1.0, options
+
+
 def state_of(model, name):
     """A filter state's value, found by its weight's name."""
     (variable,) = [
@@ -1041,6 +1122,33 @@ def test_token_rows_with_ignored_positions():
     logs = wrapped.fit(x, y, batch_size=8, epochs=8, verbose=0).history
     assert logs["masked_ratio"][-1] > 0.2
     assert logs["trained_fraction"][-1] < 1.0
+
+
+def test_batches_of_another_length_are_refused_by_name():
+    """The queues hold rows of the first batch's shape: a batch padded to
+    its own length fails with a message that says so (on TensorFlow,
+    where the length is unknown until the step runs, TensorFlow's)."""
+    rng = np.random.default_rng(0)
+
+    def batches():
+        for length in (3, 4, 3, 4):
+            x = rng.standard_normal((8, length, 6)).astype("float32")
+            yield x, x[..., :NUM_CLASSES].argmax(-1).astype("int32")
+
+    inputs = keras.Input((None, 6))
+    model = keras.Model(inputs, keras.layers.Dense(NUM_CLASSES)(inputs))
+    wrapped = kas.ASSpeed(model, sample_filter=filters.SkipMasked())
+    wrapped.compile(
+        optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT[0]
+    )
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        expected = (tf.errors.InvalidArgumentError, r"expected shape \[\?,3,")
+    else:
+        expected = (ValueError, "queue rows of one shape.*Received: \\[\\(4,")
+    with pytest.raises(expected[0], match=expected[1]):
+        wrapped.fit(batches(), steps_per_epoch=4, verbose=0)
 
 
 def test_train_on_batch_continues_a_fit():
@@ -1747,3 +1855,69 @@ def test_tf_one_program_takes_the_graph_steps_decisions(name, monkeypatch):
     inside, outside = _conditionals(one)
     assert inside >= 3 and outside == 0  # scoring, training, update
     assert _conditionals(graph)[1] >= 3
+
+
+@pytest.mark.parametrize("jit_compile", COMPILED, indirect=True)
+def test_training_pass_logs_weigh_each_row_as_its_drawn_batch_does(
+    jit_compile,
+):
+    """Rows that an epoch's shorter last batch leaves in the queue train
+    in the next epoch's first pass; the logged loss weighs each as Keras
+    weighs a row of its drawn batch, not by its larger coefficient."""
+    x, y = sentence_data(60)  # batches of 8, the last of 4
+    wrapped = kas.ASSpeed(
+        small_model(), sample_filter=filters.SkipMasked(min_masked_ratio=1.0)
+    )
+    wrapped.compile(
+        optimizer=keras.optimizers.SGD(0.0),
+        loss=kas.ASSoftmaxLoss(0.3),
+        jit_compile=jit_compile,
+    )
+    logs = wrapped.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    per_row = kas.ASSoftmaxLoss(0.3, reduction=None)(
+        y, wrapped.predict(x, verbose=0)
+    )
+    per_row = ops.convert_to_numpy(per_row)
+    assert logs.history["scored_fraction"] == [0.0, 0.0]
+    # Epoch 1 trains rows 0-55; epoch 2 rows 56-59, then all 60.
+    expected = [per_row[:56].mean(), (per_row.sum() + per_row[56:].sum()) / 64]
+    np.testing.assert_allclose(logs.history["loss"], expected, rtol=1e-5)
+
+
+def test_weights_saved_by_0_5_13_resume_with_every_queued_row_full_size():
+    """Files saved by 0.5.13 or earlier hold queues without the size of
+    the batch each row was drawn in; they load as if each came from a full
+    batch."""
+    x, y = sentence_data(60)
+
+    def fitted(epochs):
+        wrapped = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
+        wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
+        wrapped.fit(x, y, batch_size=8, epochs=epochs, verbose=0)
+        return wrapped
+
+    saved = fitted(1)
+    store = {}
+    saved.save_own_variables(store)
+    variables = saved._trainable_variables + saved._non_trainable_variables
+    queue = saved._train_queue.buffers
+    (index,) = [
+        i
+        for i, v in enumerate(variables)
+        if any(v is b for b in queue if b.dtype == "float32")
+    ]
+    # The file as 0.5.13 wrote it: no format, the rows' last leaf missing.
+    spec = json.loads(bytes(store["filter_spec"]).decode())
+    del spec["format"]
+    spec["leaves"] = spec["leaves"][:-1]
+    store["filter_spec"] = np.frombuffer(json.dumps(spec).encode(), "uint8")
+    full = ops.convert_to_numpy(variables[index])
+    store[f"{index}"] = full[:, :-1]
+
+    restored = fitted(0)
+    restored.load_own_variables(store)
+    loaded = ops.convert_to_numpy(restored._train_queue.buffers[0])
+    np.testing.assert_array_equal(loaded[:, :-1], full[:, :-1])
+    np.testing.assert_array_equal(loaded[:, -1], 8.0)
+    assert int(ops.convert_to_numpy(restored._train_queue.count)) == 4
+    restored.fit(x, y, batch_size=8, epochs=1, verbose=0)

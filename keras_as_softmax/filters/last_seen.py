@@ -244,10 +244,14 @@ class InfoBatch(LastSeenFilter):
     filter for any loss, softmax cross entropy included: a sample whose
     last recorded loss is below the mean of all recorded losses is left
     out with probability `prune`, and trained on otherwise with weight
-    `1 / (1 - prune)`. Every sample starts at a recorded loss of 1, so the
-    first epoch trains on everything, and by default the last 12.5% of
-    the epochs train on everything too (InfoBatch's annealing). Wrap the
-    inputs as for `SkipMaskedLastSeen`.
+    `1 / (1 - prune)`. A sample is pruned only on the evidence of its own
+    recorded loss: one that no pass has seen yet is always trained on
+    (with weight 1), and the mean is over the samples seen so far. So the
+    first epoch of a fresh model trains on everything, warm-up or not
+    (`warmup_epochs=0`, or a `fit` from an `initial_epoch` past the
+    warm-up); by default that epoch is the warm-up anyway, and the last
+    12.5% of the epochs train on everything too (InfoBatch's annealing).
+    Wrap the inputs as for `SkipMaskedLastSeen`.
 
     Under `ASSpeed`, left-out samples count as masked for the accumulation
     rule; with a loss that masks nothing, pass `max_steps=1` to keep one
@@ -270,7 +274,11 @@ class InfoBatch(LastSeenFilter):
     """
 
     memory_name = "last_seen_loss"
-    memory_initial = 1.0
+    # No loss recorded yet: below any loss a pass records (which may be
+    # negative, as `keras.losses.CosineSimilarity`'s is). Files saved
+    # before this sentinel hold 1.0 in their unseen slots, and those
+    # samples count as seen with a loss of 1, as they did then.
+    memory_initial = float("-inf")
 
     def __init__(
         self,
@@ -295,7 +303,14 @@ class InfoBatch(LastSeenFilter):
         return sample_loss
 
     def candidates(self, remembered, memory, epoch):
-        return remembered < ops.mean(memory)
+        # Below the mean loss of the samples seen so far, and seen.
+        seen = memory > self.memory_initial
+        total = ops.sum(ops.where(seen, memory, 0.0))
+        count = ops.sum(ops.cast(seen, "float32"))
+        mean = total / ops.maximum(count, 1.0)
+        return ops.logical_and(
+            remembered > self.memory_initial, remembered < mean
+        )
 
     def masked_when_seen(self, state):
         return ops.cast(ops.equal(state[self.memory_name], 0.0), "float32")

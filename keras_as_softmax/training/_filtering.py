@@ -267,6 +267,7 @@ class Rows(NamedTuple):
     metric_weight: object  # float32 row shape
     ids: object  # int32 [batch]
     counted: object  # float32 [batch]: 1.0 once the step counted it
+    drawn: object  # float32 [batch]: the size of the batch it was drawn in
 
     def flat(self):
         return [
@@ -276,7 +277,17 @@ class Rows(NamedTuple):
             self.metric_weight,
             self.ids,
             self.counted,
+            self.drawn,
         ]
+
+    def logged_loss(self, values):
+        """The sum of these rows' per-row `values` as a plain step logs
+        their loss, over their number: Keras weighs each drawn batch's
+        loss by its size in the epoch's mean, so a row's share is its
+        coefficient times the size of the batch it was drawn in."""
+        scale = _broadcast_rows(self.drawn, self.coefficients)
+        rows = ops.cast(ops.shape(self.drawn)[0], "float32")
+        return ops.sum(self.coefficients * scale * values) / rows
 
     @classmethod
     def unflat(cls, leaves, n_x, n_y):
@@ -323,6 +334,7 @@ def _drawn_rows(model, x, y, sample_weight, ids):
         metric_weight,
         ops.cast(ids, "int32"),
         ops.zeros((batch,), "float32"),
+        ops.ones((batch,), "float32") * ops.cast(batch, "float32"),
     )
 
 
@@ -503,12 +515,15 @@ def filtered_step(
     )
     state = state._replace(states=_observe(filters, states, seen))
     trained = ops.cast(full, "float32")
+    # The pass's loss is `sum(coefficients * values) + penalty`; a row drawn
+    # in a smaller batch (an epoch's last) has a larger coefficient there.
+    penalty = value - ops.sum(rows.coefficients * values)
     train_out = (
         train_y,
         y_pred,
         rows.metric_weight * trained,
         ops.ones_like(rows.metric_weight) * trained,
-        value,
+        penalty + rows.logged_loss(values),
         trained * size,
     )
     output = _output(
@@ -548,7 +563,7 @@ def _output(
         metric_pred = pick(score_pred, metric_pred)
         metric_weight = pick(score_rows.metric_weight, metric_weight)
         covered = pick(ops.ones_like(score_rows.metric_weight), covered)
-        score_value = ops.sum(score_rows.coefficients * score_values)
+        score_value = score_rows.logged_loss(score_values)
         value = ops.where(go, score_value + penalty, value)
         loss_weight = ops.where(go, ops.cast(drawn, "float32"), loss_weight)
     return StepOutput(

@@ -205,7 +205,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             self._create_state()
             self.built = True
         if filter_spec is not None:
-            self._create_filter_state(filter_spec)
+            self._create_filter_state(_current_spec(filter_spec))
 
     # ------------------------------------------------------------- structure
 
@@ -384,6 +384,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 None if t is None else keras.tree.map_structure(gather, t)
                 for t in (inputs, y, sample_weight, ids)
             )
+        inputs, y = self._checked_row_shapes(inputs, y)
 
         def draws(index, size):
             # From the filter's seed and the batch's index in training, not
@@ -450,6 +451,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             )
         inputs, _ = filters_lib.split_sample_ids(inputs)
         return self.inner_model(inputs, training=training)
+
+    @property
+    def output_names(self):
+        """The inner model's, after which Keras names the losses and
+        metrics of several outputs (an AttributeError without them)."""
+        return self.inner_model.output_names
 
     def compile(self, optimizer="rmsprop", loss=None, **kwargs):
         """`keras.Model.compile`, with the optimizer wrapped in a
@@ -916,8 +923,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             for a in keras.tree.flatten(inputs) + keras.tree.flatten(first_y)
         ]
         row = (row_tail, "float32")
-        leaves += [row, row, ((), "int32"), ((), "float32")]
+        leaves += [row, row, ((), "int32"), ((), "float32"), ((), "float32")]
         spec = {
+            "format": 2,
             "batch_size": batch,
             "row_tail": list(row_tail),
             "output_tail": list(output.shape[1:]),
@@ -932,6 +940,38 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             )
         self._create_filter_state(spec)
         return x
+
+    def _checked_row_shapes(self, inputs, y):
+        """`(inputs, y)`, whose rows the queues hold in the first batch's
+        shapes: a batch of other shapes (padded to its own longest
+        sequence) is refused where its step is traced, or on TensorFlow,
+        for a length unknown there (`padded_batch`), where it runs."""
+        leaves = keras.tree.flatten(inputs) + keras.tree.flatten(y)
+        expected = [tuple(s) for s, _ in self._filter_spec["leaves"]]
+        expected = expected[: len(leaves)]
+        received = [tuple(leaf.shape[1:]) for leaf in leaves]
+        if any(
+            len(r) != len(e) or any(a not in (None, b) for a, b in zip(r, e))
+            for r, e in zip(received, expected)
+        ):
+            raise ValueError(
+                "ASSpeed's sample filters queue rows of one shape, the first "
+                "batch's: pad every batch to the same length (for tf.data, "
+                "`padded_batch` with fixed `padded_shapes`), or train "
+                "without a filter. Expected inputs and labels of shapes "
+                f"{expected} after the batch axis. Received: {received}"
+            )
+        if _BACKEND == "tensorflow" and None in sum(received, ()):
+            import tensorflow as tf
+
+            leaves = [
+                tf.ensure_shape(leaf, (None, *shape))
+                for leaf, shape in zip(leaves, expected)
+            ]
+            n = len(keras.tree.flatten(inputs))
+            inputs = keras.tree.pack_sequence_as(inputs, leaves[:n])
+            y = keras.tree.pack_sequence_as(y, leaves[n:])
+        return inputs, y
 
     def _warn_of_penalties(self):
         """Penalties of a pass's inputs enter the training passes only:
@@ -1128,6 +1168,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 )
             spec = bytes(np.asarray(store[_FILTER_SPEC_KEY], "uint8"))
             spec = json.loads(spec.decode())
+            store = {k: store[k] for k in keys if k != _FILTER_SPEC_KEY}
+            saved_by_0_5_13 = "format" not in spec
+            spec = _current_spec(spec)
             if self._filter_spec is None:
                 self._create_filter_state(spec)
             elif spec != self._filter_spec:
@@ -1135,8 +1178,29 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     "These weights hold filter queues built for batches of "
                     "other shapes. " + _spec_difference(self._filter_spec, spec)
                 )
-            store = {k: store[k] for k in keys if k != _FILTER_SPEC_KEY}
+            if saved_by_0_5_13:
+                store = self._with_drawn_sizes(store)
         super().load_own_variables(store)
+
+    def _with_drawn_sizes(self, store):
+        """`store` of a file saved by 0.5.13 or earlier, whose queued rows
+        lack the size of the batch each was drawn in: with it, as if every
+        row came from a full batch (the rows an epoch's shorter last batch
+        left then weigh as a full batch's in the next epoch's logged loss,
+        as they did)."""
+        size = self._filter_batch_size
+        queues = [q for q in (self._score_queue, self._train_queue) if q]
+        buffers = {
+            id(b) for q in queues for b in q.buffers if b.dtype == "float32"
+        }
+        store = dict(store)
+        variables = self._trainable_variables + self._non_trainable_variables
+        for i, variable in enumerate(variables):
+            if id(variable) in buffers:
+                old = np.asarray(store[f"{i}"])
+                column = np.full((old.shape[0], 1), size, "float32")
+                store[f"{i}"] = np.concatenate([old, column], axis=1)
+        return store
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -1236,6 +1300,19 @@ def _dtype(a):
     return keras.backend.standardize_dtype(
         a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
     )
+
+
+def _current_spec(spec):
+    """A filter spec as this version lays out the queues: one saved by
+    0.5.13 or earlier (no `format`) lacks the rows' last leaf, the size of
+    the batch each was drawn in."""
+    if "format" in spec:
+        return spec
+    return {
+        **spec,
+        "format": 2,
+        "leaves": [*spec["leaves"], [[], "float32"]],
+    }
 
 
 def _spec_difference(expected, received):

@@ -7,6 +7,20 @@ from keras import ops
 from keras_as_softmax.training import _layout
 from keras_as_softmax.training import accumulation
 
+# The base optimizer's arguments that act on an update: the inner
+# optimizer's to set.
+_INNER_ONLY = (
+    "weight_decay",
+    "clipnorm",
+    "clipvalue",
+    "global_clipnorm",
+    "use_ema",
+    "ema_momentum",
+    "ema_overwrite_frequency",
+    "loss_scale_factor",
+    "gradient_accumulation_steps",
+)
+
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
 class AccumulatingOptimizer(keras.optimizers.Optimizer):
@@ -70,6 +84,16 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         name=None,
         **kwargs,
     ):
+        given = sorted(
+            k for k in _INNER_ONLY if kwargs.get(k) not in (None, False)
+        )
+        if given:
+            raise ValueError(
+                "The inner optimizer applies the updates: set "
+                f"{', '.join(given)} on it (`inner_optimizer`), where "
+                "they act on each window's mean gradient. Received: "
+                + ", ".join(f"{k}={kwargs[k]!r}" for k in given)
+            )
         super().__init__(learning_rate=0.0, name=name, **kwargs)
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
             raise ValueError(
@@ -466,6 +490,20 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
     @property
     def iterations(self):
         return self.inner_optimizer.iterations
+
+    @property
+    def optimizers(self):
+        # A `MultiOptimizer`'s, for Keras's learning-rate callbacks, which
+        # set each one's rate (an AttributeError for any other).
+        return self.inner_optimizer.optimizers
+
+    def exclude_from_weight_decay(self, var_list=None, var_names=None):
+        """The inner optimizer's (under mixed precision, the one inside
+        its `LossScaleOptimizer`): the optimizer that decays the weights."""
+        optimizer = self.inner_optimizer
+        while isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            optimizer = optimizer.inner_optimizer
+        optimizer.exclude_from_weight_decay(var_list, var_names)
 
     def scale_loss(self, loss):
         return self.inner_optimizer.scale_loss(loss)
