@@ -1434,8 +1434,10 @@ def test_training_logs_cover_the_drawn_batches(penalties, batch_size):
     assert logs["accuracy"][0] == pytest.approx(evaluated["accuracy"])
     assert logs["loss"][0] == pytest.approx(evaluated["loss"], rel=1e-5)
     # Evaluation runs no training pass: it reports no training shares.
-    assert "trained_fraction" not in evaluated
-    assert "scored_fraction" not in evaluated
+    on_batch = wrapped.test_on_batch(x, y, return_dict=True)
+    for logs in (evaluated, on_batch):
+        assert "trained_fraction" not in logs
+        assert "scored_fraction" not in logs
 
 
 @pytest.mark.parametrize("memory", [False, True], ids=["scoring", "memory"])

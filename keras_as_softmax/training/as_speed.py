@@ -1079,8 +1079,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             )
             if self.preprocessor is not None:
                 batch_size = None
-        self._evaluating = True
-        try:
+        with self._evaluation():
             return super().evaluate(
                 x=x,
                 y=y,
@@ -1092,6 +1091,16 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 return_dict=return_dict,
                 **kwargs,
             )
+
+    def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
+        with self._evaluation():
+            return super().test_on_batch(x, y, sample_weight, return_dict)
+
+    @contextlib.contextmanager
+    def _evaluation(self):
+        self._evaluating = True
+        try:
+            yield
         finally:
             self._evaluating = False
 
