@@ -2,6 +2,7 @@
 
 import keras
 from keras import ops
+from keras.src.backend.common.masking import get_keras_mask
 
 from keras_as_softmax.losses._common import ignore_class_of
 from keras_as_softmax.losses._common import rows_rank
@@ -13,8 +14,9 @@ def masked_rows(loss, y_true, y_pred, sample_weight=None):
 
     A row (a sample, or a token) is *masked* when its loss is exactly 0.0.
     Rows that the loss leaves out of its mean (labelled with the loss's
-    `ignore_class`) and rows whose sample weight is 0 are not counted at
-    all, so padding never inflates the ratio.
+    `ignore_class`, or hidden by a Keras mask on `y_pred`) and rows whose
+    sample weight is 0 are not counted at all, so padding never inflates
+    the ratio.
 
     Args:
         loss: a `keras.losses.Loss` whose `call` returns per-row values,
@@ -26,6 +28,7 @@ def masked_rows(loss, y_true, y_pred, sample_weight=None):
     Returns:
         `(masked, counted)`: bool tensors with one value per row.
     """
+    mask = get_keras_mask(y_pred)
     y_true = ops.convert_to_tensor(y_true, dtype=loss.dtype)
     y_pred = ops.convert_to_tensor(y_pred, dtype=loss.dtype)
     values = loss.call(y_true, y_pred)
@@ -33,6 +36,8 @@ def masked_rows(loss, y_true, y_pred, sample_weight=None):
     valid = valid_rows(y_true, ops.shape(values), ignore_class_of(loss))
     if valid is not None:
         counted = valid
+    if mask is not None:
+        counted = ops.logical_and(counted, ops.cast(mask, "bool"))
     values = ops.stop_gradient(values)
     if sample_weight is not None:
         sample_weight = rows_rank(sample_weight, values.shape)

@@ -117,6 +117,33 @@ def test_ignore_class_mean_matches_keras_sparse_cross_entropy():
     np.testing.assert_allclose(to_numpy(ours), to_numpy(theirs), rtol=1e-5)
 
 
+def test_a_keras_mask_and_ignore_class_take_one_mean_as_keras_does():
+    """Padding hidden by an `Embedding(mask_zero=True)` and sub-word pieces
+    labelled `ignore_class`: the mean is over the rows both keep, taken
+    once, as Keras's own loss takes it; the masked ratio counts them."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 10, (4, 6))
+    tokens[:, 4:] = 0
+    labels = rng.integers(0, 3, (4, 6))
+    labels[:, 3] = -1
+    inputs = keras.Input((6,), dtype="int32")
+    hidden = keras.layers.Embedding(10, 8, mask_zero=True)(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(3)(hidden))
+    keras_ce = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, ignore_class=-1
+    )
+
+    def evaluated(loss, metrics=()):
+        model.compile(loss=loss, metrics=list(metrics))
+        return model.evaluate(tokens, labels, verbose=0, return_dict=True)
+
+    ours = kas.ASSoftmaxLoss(1.0, ignore_class=-1)
+    ratio = kas.MaskedRatio(ours)
+    got = evaluated(ours, [ratio])["loss"]
+    np.testing.assert_allclose(got, evaluated(keras_ce)["loss"], rtol=1e-5)
+    assert to_numpy(ratio.counts)[1] == 12  # 3 of the 6 tokens, 4 rows
+
+
 @pytest.mark.parametrize("shape", [(16,), (4, 12)])
 def test_delta_one_equals_keras_cross_entropy(shape):
     labels, logits = random_case(shape, 11, scale=5.0, seed=7)
@@ -533,10 +560,13 @@ def test_shape_mismatch_names_both_shapes():
         kas.MultiLabelASSoftmaxLoss()(np.ones((4, 4)), logits[:, 0])
 
 
-def test_labels_out_of_range_are_reported_eagerly():
-    labels, logits = random_case((4,), 5)
-    labels[2] = 5
-    with pytest.raises(ValueError, match=r"\[0, 4\].*\[5\]"):
+@pytest.mark.parametrize("classes", [5, 300])  # the two paths to the target
+def test_labels_out_of_range_are_reported_eagerly(classes):
+    labels, logits = random_case((4,), classes)
+    labels[2] = classes
+    with pytest.raises(
+        ValueError, match=rf"\[0, {classes - 1}\].*\[{classes}\]"
+    ):
         kas.ASSoftmaxLoss()(labels, logits)
     labels[2] = -3
     with pytest.raises(ValueError, match="ignore_class=-100"):
@@ -546,9 +576,10 @@ def test_labels_out_of_range_are_reported_eagerly():
     per_row = kas.ASSoftmaxLoss(reduction=None)
     jit = compiled(lambda y, x: per_row(y, x))
     if jit is not None:
-        labels[2] = 5
-        got = to_numpy(jit(labels, logits))
-        assert np.isposinf(got[2]), got
+        for bad in (classes, -1):
+            labels[2] = bad
+            got = to_numpy(jit(labels, logits))
+            assert np.isposinf(got[2]), got
         labels[2] = 0
         expected = to_numpy(per_row(labels, logits))
         np.testing.assert_allclose(np.delete(got, 2), np.delete(expected, 2))

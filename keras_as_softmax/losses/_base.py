@@ -2,6 +2,7 @@
 
 import keras
 from keras import ops
+from keras.src.backend.common.masking import get_keras_mask
 
 from keras_as_softmax.losses import _common
 
@@ -20,7 +21,8 @@ class PerRowLoss(keras.losses.Loss):
     The keyword arguments read as attributes (`loss.delta`,
     `loss.ignore_class`). `fn` gives 0 on the rows labelled
     `ignore_class`, and `__call__` leaves them out of the mean, as
-    `keras.losses.SparseCategoricalCrossentropy(ignore_class=...)` does.
+    `keras.losses.SparseCategoricalCrossentropy(ignore_class=...)` does,
+    together with the rows a Keras mask on `y_pred` leaves out.
     Sample weights of shape `[batch]` weight every row of a sample (every
     token of a sentence). A batch without rows gives empty per-row values,
     and a reduced loss of 0.
@@ -72,6 +74,12 @@ class PerRowLoss(keras.losses.Loss):
             y_true, rows, self._fn_kwargs.get("ignore_class")
         )
         if valid is not None:
+            mask = get_keras_mask(y_pred)
+            if mask is not None:
+                # Keras would take the mean over the rows its mask keeps a
+                # second time: the mask joins `valid`, on outputs without it.
+                valid = ops.logical_and(valid, ops.cast(mask, "bool"))
+                y_pred = ops.copy(y_pred)
             sample_weight = _common.row_weights(
                 valid, sample_weight, self.reduction
             )

@@ -36,6 +36,11 @@ def _row_max_and_target(y_pred, logits, labels, is_target, from_logits):
         ops.max(y_pred, axis=-1, keepdims=True), from_logits
     )
     target = ops.take_along_axis(logits, ops.expand_dims(labels, -1), axis=-1)
+    # A label outside [0, C) has no target logit (a compiled gather clamps
+    # or fills its index): -inf, as the stacked reduction gives it.
+    classes = ops.shape(logits)[-1]
+    in_range = ops.logical_and(labels >= 0, labels < classes)
+    target = ops.where(ops.expand_dims(in_range, -1), target, -float("inf"))
     return ops.stop_gradient(top), ops.stop_gradient(target)
 
 
