@@ -108,6 +108,16 @@ def test_multiclass_ignore_class_and_sample_weight(name):
     )
 
 
+def test_per_sample_weights_as_a_column_weight_every_token():
+    labels, logits = random_case((4, 5), 3, ignore_class=-1, seed=3)
+    weights = np.linspace(0.5, 2.0, 4).astype("float32")
+    loss = kas.ASSoftmaxLoss(1.0, ignore_class=-1)
+    np.testing.assert_allclose(
+        to_numpy(loss(labels, logits, sample_weight=weights[:, None])),
+        to_numpy(loss(labels, logits, sample_weight=weights)),
+    )
+
+
 def test_ignore_class_mean_matches_keras_sparse_cross_entropy():
     labels, logits = random_case((5, 8), 7, ignore_class=-1, seed=11)
     ours = kas.ASSoftmaxLoss(delta=1.0, ignore_class=-1)(labels, logits)

@@ -153,13 +153,19 @@ def rows_rank(sample_weight, row_shape):
     """Sample weights with the rank of the rows, to broadcast against them.
 
     `[batch]` weights weight every row of a sample (every token of a
-    sentence); a trailing unit axis is dropped, as Keras does. Sizes that
+    sentence), as `[batch, 1]` ones do; a trailing unit axis is dropped,
+    as Keras does. Sizes that
     are known must match the rows'; else a `ValueError`.
     """
     weight = ops.convert_to_tensor(sample_weight)
     received = tuple(weight.shape)
     rank = len(row_shape)
     while len(weight.shape) > rank and weight.shape[-1] == 1:
+        weight = ops.squeeze(weight, axis=-1)
+    # `[batch, 1]` broadcasts over the tokens, as in Keras.
+    while 1 < len(weight.shape) and weight.shape[-1] == 1:
+        if tuple(row_shape)[len(weight.shape) - 1] == 1:
+            break
         weight = ops.squeeze(weight, axis=-1)
     weight_shape = tuple(weight.shape)
     if len(weight_shape) > rank or not _shapes_match(
