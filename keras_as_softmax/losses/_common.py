@@ -154,8 +154,8 @@ def rows_rank(sample_weight, row_shape):
 
     `[batch]` weights weight every row of a sample (every token of a
     sentence), as `[batch, 1]` ones do; a trailing unit axis is dropped,
-    as Keras does. Sizes that
-    are known must match the rows'; else a `ValueError`.
+    as Keras does. Sizes that are known must match the rows'; else a
+    `ValueError`.
     """
     weight = ops.convert_to_tensor(sample_weight)
     received = tuple(weight.shape)
