@@ -946,7 +946,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         shapes: a batch of other shapes (padded to its own longest
         sequence) is refused where its step is traced, or on TensorFlow,
         for a length unknown there (`padded_batch`), where it runs."""
-        leaves = keras.tree.flatten(inputs) + keras.tree.flatten(y)
+        x_leaves = keras.tree.flatten(inputs)
+        n_x = len(x_leaves)
+        leaves = x_leaves + keras.tree.flatten(y)
         expected = [tuple(s) for s, _ in self._filter_spec["leaves"]]
         expected = expected[: len(leaves)]
         received = [tuple(leaf.shape[1:]) for leaf in leaves]
@@ -961,16 +963,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "without a filter. Expected inputs and labels of shapes "
                 f"{expected} after the batch axis. Received: {received}"
             )
-        if _BACKEND == "tensorflow" and None in sum(received, ()):
+        if _BACKEND == "tensorflow" and any(None in r for r in received):
             import tensorflow as tf
 
             leaves = [
                 tf.ensure_shape(leaf, (None, *shape))
                 for leaf, shape in zip(leaves, expected)
             ]
-            n = len(keras.tree.flatten(inputs))
-            inputs = keras.tree.pack_sequence_as(inputs, leaves[:n])
-            y = keras.tree.pack_sequence_as(y, leaves[n:])
+            inputs = keras.tree.pack_sequence_as(inputs, leaves[:n_x])
+            y = keras.tree.pack_sequence_as(y, leaves[n_x:])
         return inputs, y
 
     def _warn_of_penalties(self):
