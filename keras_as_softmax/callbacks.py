@@ -35,7 +35,11 @@ class DeltaWarmup(keras.callbacks.Callback):
     training the chosen delta is restored even if the switch never came.
 
     Steps are the batches `fit` runs (micro-batches under
-    `keras_as_softmax.ASSpeed`), counted from the start of each `fit` call.
+    `keras_as_softmax.ASSpeed`), counted from epoch 0 of each `fit` call:
+    a `fit` that resumes at `initial_epoch=k` (or through
+    `BackupAndRestore`) starts at step `k * steps_per_epoch`, so a warm-up
+    that ended before does not run again. Where `fit` does not know the
+    steps per epoch, they count from the `fit` call's first batch.
     With `steps_per_execution=N` delta changes between groups of N
     batches: the warm-up ends with the first group that starts at or
     after the switch.
@@ -48,9 +52,9 @@ class DeltaWarmup(keras.callbacks.Callback):
         warmup_ratio: fraction `r` in [0, 1] of the training steps that use
             `warmup_delta`. Defaults to `0.15`.
         warmup_delta: delta during the warm-up. Defaults to `1.0`.
-        total_steps: number of training steps of the `fit` call. Defaults to
-            `steps_per_epoch * epochs` as `fit` reports them; pass it when
-            the dataset's length is unknown.
+        total_steps: number of training steps of the `fit` call, from epoch
+            0. Defaults to `steps_per_epoch * epochs` as `fit` reports them;
+            pass it when the dataset's length is unknown.
         losses: optional list of losses (or metrics) to control. Defaults to
             the model's compiled loss.
 
@@ -110,14 +114,16 @@ class DeltaWarmup(keras.callbacks.Callback):
         self._targets = [
             float(keras.ops.convert_to_numpy(v)) for v in self._variables
         ]
-        self._step = 0  # batches run in this `fit`
-        self._epoch_start = 0
-        self._warm = self._switch_step > 0
-        if self._warm:
-            self._assign([self.warmup_delta] * len(self._variables))
+        self._step = 0  # this `fit`'s step count, from epoch 0 if known
+        self._warm = None  # decided at the first epoch, which may resume
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = self._step
+        steps = self.params.get("steps")
+        self._epoch_start = self._step if steps is None else epoch * steps
+        if self._warm is None:
+            self._warm = self._epoch_start < self._switch_step
+            if self._warm:
+                self._assign([self.warmup_delta] * len(self._variables))
 
     def on_train_batch_begin(self, batch, logs=None):
         # `batch` is the epoch's index of the group's first batch.

@@ -258,6 +258,23 @@ def test_optimizer_refuses_update_arguments_meant_for_the_inner(argument):
         kas.AccumulatingOptimizer(keras.optimizers.SGD(), **{argument: 1.0})
 
 
+@pytest.mark.parametrize("stateless", [False, True])
+def test_gradients_for_other_variables_than_built_for_are_refused(stateless):
+    # A layer frozen after `compile`: the step's gradients no longer match
+    # the window's sums, one for one.
+    variables = [keras.Variable(np.ones(n, "float32")) for n in (2, 3)]
+    optimizer = kas.AccumulatingOptimizer(keras.optimizers.SGD(), 2)
+    optimizer.build(variables)
+    grads = [np.zeros(2, "float32")]
+    with pytest.raises(ValueError, match="for the 2 trainable.*Received: 1"):
+        if stateless:
+            optimizer.stateless_apply(
+                [v.value for v in optimizer.variables], grads, variables[:1]
+            )
+        else:
+            optimizer.apply(grads, variables[:1])
+
+
 @pytest.mark.parametrize("loss_scale", [False, True])
 def test_exclude_from_weight_decay_reaches_the_optimizer_that_decays(
     loss_scale,

@@ -949,6 +949,40 @@ def test_delta_warmup_validates_and_fits_again_with_the_delta_it_set(wrap):
     assert evaluated["loss"] == pytest.approx(loss_at(0.3), rel=1e-5)
 
 
+@pytest.mark.parametrize("wrap", [False, True], ids=["keras", "as_speed"])
+def test_delta_warmup_resumed_at_an_epoch_goes_on_from_that_epoch(wrap):
+    """Steps count from epoch 0: a `fit` resumed at `initial_epoch=2` of 4
+    with half the steps warm trains at the chosen delta throughout, and
+    with three quarters warm switches where the whole run would."""
+    x, y = data(64)
+    loss = kas.ASSoftmaxLoss(0.3)
+    wrapped = kas.ASSpeed(make_model()) if wrap else make_model()
+    wrapped.compile(optimizer="adam", loss=loss, jit_compile=JIT)
+
+    def deltas(warmup_ratio):
+        seen = []
+        record = keras.callbacks.LambdaCallback(
+            on_train_batch_begin=lambda batch, logs: seen.append(
+                round(float(ops.convert_to_numpy(loss.delta)), 2)
+            )
+        )
+        warmup = kas.DeltaWarmup(warmup_ratio=warmup_ratio)
+        wrapped.fit(
+            x,
+            y,
+            batch_size=16,
+            epochs=4,
+            initial_epoch=2,
+            verbose=0,
+            callbacks=[warmup, record],
+        )
+        return seen
+
+    assert deltas(0.5) == [0.3] * 8
+    assert deltas(0.75) == [1.0] * 4 + [0.3] * 4
+    assert float(ops.convert_to_numpy(loss.delta)) == pytest.approx(0.3)
+
+
 def test_delta_warmup_switches_inside_compiled_training():
     x, y = data(64)
     loss = kas.ASSoftmaxLoss(0.3)

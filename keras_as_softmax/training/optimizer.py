@@ -191,11 +191,21 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         buffers; `None` for `None`."""
         if grads is None:
             return None
+        self._check_count(grads)
         grads = [
             ops.zeros(shape, self._layout.dtypes[index]) if g is None else g
             for g, (index, _, _, shape) in zip(grads, self._layout.slots)
         ]
         return self._layout.pack(grads)
+
+    def _check_count(self, grads):
+        if grads is not None and len(grads) != len(self._layout.slots):
+            raise ValueError(
+                f"Expected gradients for the {len(self._layout.slots)} "
+                "trainable variables the optimizer was built with. Received: "
+                f"{len(grads)} gradients. If a layer's `trainable` changed "
+                "after `compile`, compile the model again."
+            )
 
     def _window(self):
         """The window's values, as an `AccumulationState` (sums packed)."""
@@ -310,6 +320,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         micro-batch (a trainer that adds a pass's gradients where the pass
         runs, then calls `apply(None, ...)`)."""
         if keras.backend.backend() == "torch":
+            self._check_count(grads)
             self._torch_accumulate(grads)
             return
         self._assign_window(
@@ -417,6 +428,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         window of one micro-batch applies them as a plain step does."""
         import torch
 
+        self._check_count(grads)
         counts = self.window_counts.value
         with torch.no_grad():
             counts[0] += 1.0
