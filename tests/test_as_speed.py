@@ -906,6 +906,22 @@ def test_fit_evaluate_and_predict_take_keras_positional_arguments():
     assert wrapped.predict(x, 8, 0, 2).shape == (16, 4)
 
 
+@pytest.mark.skipif(BACKEND == "torch", reason="Keras exports TF and JAX")
+def test_export_serves_the_inner_model(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    x, y = data(32)
+    wrapped = kas.ASSpeed(make_model())
+    wrapped.compile(optimizer="adam", loss=kas.ASSoftmaxLoss(0.3))
+    wrapped.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    path = str(tmp_path / "served")
+    wrapped.export(path, verbose=False)
+    loaded = tf.saved_model.load(path)
+    served = loaded.serve(tf.constant(x))
+    np.testing.assert_allclose(
+        np.asarray(served), wrapped.predict(x, verbose=0), rtol=1e-5
+    )
+
+
 @pytest.mark.parametrize("wrap", [False, True], ids=["keras", "as_speed"])
 def test_delta_warmup_validates_and_fits_again_with_the_delta_it_set(wrap):
     """Validation after the switch, `evaluate` after `fit`, and a second

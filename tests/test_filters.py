@@ -1923,3 +1923,42 @@ def test_weights_saved_by_0_5_13_resume_with_every_queued_row_full_size():
     np.testing.assert_array_equal(loaded[:, -1], 8.0)
     assert int(ops.convert_to_numpy(restored._train_queue.count)) == 4
     restored.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("how", ["load_weights", "set_weights"])
+def test_weights_taken_before_the_first_fit_restart_training(tmp_path, how):
+    """Weights saved before the first `fit` created the queues load after
+    it, with the queues empty: training again from the initial weights
+    (a restart, a fold) trains as the first time."""
+    x, y = sentence_data(60)
+    wrapped = kas.ASSpeed(
+        small_model(),
+        sample_filter=[
+            filters.SkipMaskedLastSeen(60, warmup_epochs=0),
+            filters.SkipMasked(min_masked_ratio=0.0, warmup_epochs=0),
+        ],
+    )
+    wrapped.compile(optimizer="adam", loss=kas.ASSoftmaxLoss(0.3))
+    path = str(tmp_path / "initial.weights.h5")
+    wrapped.save_weights(path)
+    initial = wrapped.get_weights()
+    initial_model = wrapped.inner_model.get_weights()
+    x = filters.with_sample_ids(x)
+
+    def fit():
+        wrapped.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        return wrapped.inner_model.get_weights()
+
+    trained = fit()
+    assert int(ops.convert_to_numpy(wrapped._train_queue.count)) > 0
+    if how == "load_weights":
+        wrapped.load_weights(path)
+    else:  # which leaves the optimizer as it is, as Keras's does
+        wrapped.set_weights(initial)
+        wrapped.compile(optimizer="adam", loss=kas.ASSoftmaxLoss(0.3))
+    for ours, theirs in zip(wrapped.inner_model.get_weights(), initial_model):
+        np.testing.assert_array_equal(ours, theirs)
+    assert int(ops.convert_to_numpy(wrapped._train_queue.count)) == 0
+    assert int(ops.convert_to_numpy(wrapped._score_queue.count)) == 0
+    for ours, theirs in zip(fit(), trained):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)

@@ -360,10 +360,14 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         found = [v for states in self._filter_states for v in states.values()]
         if hasattr(self, "_drawn"):
             found.append(self._drawn)
-        for q in (self._score_queue, self._train_queue):
-            if q is not None:
-                found += [*q.buffers, q.count]
-        return found
+        return found + self._queue_variables()
+
+    def _queue_variables(self):
+        """The queues' variables, which the first `fit` creates."""
+        if self._filter_spec is None:
+            return []
+        queues = [q for q in (self._score_queue, self._train_queue) if q]
+        return [v for q in queues for v in (*q.buffers, q.count)]
 
     def _filtered_step(
         self, x, y, sample_weight, hooks, gather=None, queue_ops=_queue
@@ -451,6 +455,11 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             )
         inputs, _ = filters_lib.split_sample_ids(inputs)
         return self.inner_model(inputs, training=training)
+
+    def export(self, filepath, format="tf_saved_model", **kwargs):
+        """Exports the inner model, which is what serves: `ASSpeed` adds
+        training only. Arguments as `keras.Model.export`."""
+        return self.inner_model.export(filepath, format=format, **kwargs)
 
     @property
     def output_names(self):
@@ -1157,6 +1166,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 f"Received: {len(weights)}. Fit first, or save and load a "
                 "weights file."
             )
+        queues = {id(v) for v in self._queue_variables()}
+        if queues and len(weights) == len(self.weights) - len(queues):
+            # Weights taken before the first `fit` created the queues (the
+            # initial ones, to train again from them): empty queues.
+            given = iter(weights)
+            weights = [
+                np.zeros(v.shape, v.dtype) if id(v) in queues else next(given)
+                for v in self.weights
+            ]
         super().set_weights(weights)
 
     def save_own_variables(self, store):
@@ -1190,6 +1208,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 )
             if saved_by_0_5_13:
                 store = self._with_drawn_sizes(store)
+        else:
+            own = self._trainable_variables + self._non_trainable_variables
+            missing = own[len(keys) :]
+            if missing and _same(missing, self._queue_variables()):
+                # Saved before the first `fit` created the queues (the
+                # initial weights, to train again from them): empty queues.
+                store = {k: store[k] for k in keys}
+                for i, variable in enumerate(missing, len(keys)):
+                    store[f"{i}"] = np.zeros(variable.shape, variable.dtype)
         super().load_own_variables(store)
 
     def _with_drawn_sizes(self, store):
@@ -1199,9 +1226,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         left then weigh as a full batch's in the next epoch's logged loss,
         as they did)."""
         size = self._filter_batch_size
-        queues = [q for q in (self._score_queue, self._train_queue) if q]
         buffers = {
-            id(b) for q in queues for b in q.buffers if b.dtype == "float32"
+            id(b) for b in self._queue_variables() if b.dtype == "float32"
         }
         store = dict(store)
         variables = self._trainable_variables + self._non_trainable_variables
@@ -1310,6 +1336,11 @@ def _dtype(a):
     return keras.backend.standardize_dtype(
         a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
     )
+
+
+def _same(variables, others):
+    """Whether two lists hold the same variables, in any order."""
+    return sorted(map(id, variables)) == sorted(map(id, others))
 
 
 def _current_spec(spec):
