@@ -531,6 +531,21 @@ def test_categorical_labels_must_be_one_hot():
             kas.ASSoftmaxLoss(label_mode="categorical")(labels, logits)
 
 
+@pytest.mark.parametrize("first", ["fit", "evaluate"])
+def test_one_hot_labels_pass_keras_building_the_loss(first):
+    # Keras builds a model's loss on placeholders first; on PyTorch they
+    # are tensors of ones, which the one-hot check must not read. Eager
+    # steps check the real labels.
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4)])
+    loss = kas.ASSoftmaxLoss(label_mode="categorical")
+    model.compile("sgd", loss, run_eagerly=True)
+    x = RNG.standard_normal((16, 6)).astype("float32")
+    y = np.eye(4, dtype="float32")[RNG.integers(0, 4, 16)]
+    getattr(model, first)(x, y, verbose=0)
+    with pytest.raises(ValueError, match="one-hot"):
+        model.evaluate(x, 2 * y, verbose=0)
+
+
 def test_labels_of_another_shape_with_ignore_class_name_both_shapes():
     labels, logits = random_case((2, 5), 3)
     with pytest.raises(ValueError, match=r"\(2, 5\).*y_true.shape=\(2, 4\)"):

@@ -8,6 +8,7 @@ host round trips except for checks on concrete (eager) values.
 import keras
 import numpy as np
 from keras import ops
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from keras_as_softmax import _validation
 
@@ -30,9 +31,13 @@ def compute_dtype(x):
 
 
 def is_concrete(x):
-    """True when `x` holds values (eager), False while tracing a graph."""
+    """True when `x` holds values (eager), False while tracing a graph or
+    inferring shapes (Keras's symbolic scope, where PyTorch's placeholders
+    are tensors of ones)."""
     if isinstance(x, np.ndarray):
         return True
+    if in_symbolic_scope():
+        return False
     backend = keras.backend.backend()
     if backend == "tensorflow":
         import tensorflow as tf
