@@ -4,6 +4,8 @@ import keras
 
 from keras_as_softmax._validation import check_fraction
 from keras_as_softmax._validation import check_int
+from keras_as_softmax.losses._common import hold_delta
+from keras_as_softmax.losses._common import release_delta
 
 
 def find_delta_variables(objects):
@@ -32,7 +34,8 @@ class DeltaWarmup(keras.callbacks.Callback):
     CoNLL 2003) and then switches to the chosen delta. This callback does
     that to every AS-Softmax loss the model was compiled with (any loss
     with a `delta` variable), or to the `losses` you pass. At the end of
-    training the chosen delta is restored even if the switch never came.
+    training the chosen delta is restored even if the switch never came;
+    meanwhile a loss's config, and so a `.keras` checkpoint, keeps it.
 
     Steps are the batches `fit` runs (micro-batches under
     `keras_as_softmax.ASSpeed`), counted from epoch 0 of each `fit` call:
@@ -111,9 +114,6 @@ class DeltaWarmup(keras.callbacks.Callback):
                 )
             total = steps * epochs
         self._switch_step = int(round(self.warmup_ratio * total))
-        self._targets = [
-            float(keras.ops.convert_to_numpy(v)) for v in self._variables
-        ]
         self._step = 0  # this `fit`'s step count, from epoch 0 if known
         self._warm = None  # decided at the first epoch, which may resume
 
@@ -123,7 +123,9 @@ class DeltaWarmup(keras.callbacks.Callback):
         if self._warm is None:
             self._warm = self._epoch_start < self._switch_step
             if self._warm:
-                self._assign([self.warmup_delta] * len(self._variables))
+                self._assign(hold_delta, self.warmup_delta)
+            else:  # held still by a `fit` that stopped on an error
+                self._assign(release_delta)
 
     def on_train_batch_begin(self, batch, logs=None):
         # `batch` is the epoch's index of the group's first batch.
@@ -139,13 +141,12 @@ class DeltaWarmup(keras.callbacks.Callback):
             self._end_warmup()
 
     def _end_warmup(self):
-        self._assign(self._targets)
+        self._assign(release_delta)
         self._warm = False
 
-    def _assign(self, values):
-        for variable, value in zip(self._variables, values, strict=True):
-            variable.assign(value)
-        if keras.backend.backend() == "jax":
+    def _assign(self, assign, *args):
+        changed = [assign(variable, *args) for variable in self._variables]
+        if keras.backend.backend() == "jax" and any(changed):
             # A compiled JAX step holds delta as a constant: trace the train
             # and test steps again, for training, validation and later fits.
             self.model.make_train_function(force=True)

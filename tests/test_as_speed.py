@@ -999,6 +999,46 @@ def test_delta_warmup_resumed_at_an_epoch_goes_on_from_that_epoch(wrap):
     assert float(ops.convert_to_numpy(loss.delta)) == pytest.approx(0.3)
 
 
+def test_delta_warmup_saves_and_stops_with_the_chosen_delta(tmp_path):
+    """A `.keras` file written during the warm-up keeps the chosen delta,
+    and a `fit` stopped by an error in the warm-up leaves it to the next
+    `DeltaWarmup`, warm or not."""
+    x, y = data(64)
+    loss = kas.ASSoftmaxLoss(0.3)
+    model = kas.ASSpeed(make_model())
+    model.compile(optimizer="adam", loss=loss, jit_compile=JIT)
+    path = str(tmp_path / "warm.keras")
+
+    def save_then_stop(epoch, logs):
+        assert float(ops.convert_to_numpy(loss.delta)) == 1.0
+        model.save(path)
+        raise RuntimeError("stopped")
+
+    stop = keras.callbacks.LambdaCallback(on_epoch_end=save_then_stop)
+    with pytest.raises(RuntimeError, match="stopped"):
+        model.fit(
+            x,
+            y,
+            batch_size=16,
+            epochs=4,
+            verbose=0,
+            callbacks=[kas.DeltaWarmup(warmup_ratio=0.5), stop],
+        )
+    loaded = keras.saving.load_model(path)
+    assert float(ops.convert_to_numpy(loaded.loss.delta)) == pytest.approx(0.3)
+    assert loss.get_config()["delta"] == pytest.approx(0.3)
+    for warmup_ratio in (0.0, 0.5):
+        model.fit(
+            x,
+            y,
+            batch_size=16,
+            epochs=1,
+            verbose=0,
+            callbacks=[kas.DeltaWarmup(warmup_ratio=warmup_ratio)],
+        )
+        assert float(ops.convert_to_numpy(loss.delta)) == pytest.approx(0.3)
+
+
 def test_delta_warmup_switches_inside_compiled_training():
     x, y = data(64)
     loss = kas.ASSoftmaxLoss(0.3)

@@ -16,7 +16,8 @@ class PerRowLoss(keras.losses.Loss):
     `call` applies it. A subclass's constructor validates its arguments and
     passes `fn`, `reduction`, `name`, `dtype` and the rest as keyword
     arguments of `fn`; `get_config` then lists exactly those arguments (a
-    `keras.Variable` argument, such as `delta`, as its current value).
+    `keras.Variable` argument, such as `delta`, as its current value, or
+    the chosen one while `DeltaWarmup` holds it).
 
     The keyword arguments read as attributes (`loss.delta`,
     `loss.ignore_class`). `fn` gives 0 on the rows labelled
@@ -94,7 +95,7 @@ class PerRowLoss(keras.losses.Loss):
         config["dtype"] = self._dtype_policy.name
         for key, value in self._fn_kwargs.items():
             if isinstance(value, keras.Variable):
-                value = float(ops.convert_to_numpy(value))
+                value = _common.chosen_delta(value)
             config[key] = value
         return config
 

@@ -5,6 +5,8 @@ eagerly and under XLA: fixed shapes, `where` instead of boolean indexing, no
 host round trips except for checks on concrete (eager) values.
 """
 
+import weakref
+
 import keras
 import numpy as np
 from keras import ops
@@ -80,6 +82,41 @@ def delta_variable(delta):
         trainable=False,
         name="delta",
     )
+
+
+# The chosen value of each delta variable that a warm-up holds at another,
+# by the variable's id: a loss's config, and so a `.keras` file written
+# during the warm-up, keeps the chosen delta.
+_HELD = {}
+
+
+def hold_delta(variable, value):
+    """Assigns `value` to a delta variable until `release_delta`, keeping
+    its value until then as the chosen one (`chosen_delta`); True."""
+    key = id(variable)
+    if key not in _HELD:
+        chosen = float(ops.convert_to_numpy(variable))
+        _HELD[key] = (chosen, weakref.finalize(variable, _HELD.pop, key, None))
+    variable.assign(value)
+    return True
+
+
+def release_delta(variable):
+    """Assigns a held delta variable its chosen value again; whether it was
+    held."""
+    held = _HELD.pop(id(variable), None)
+    if held is not None:
+        chosen, finalizer = held
+        finalizer.detach()
+        variable.assign(chosen)
+    return held is not None
+
+
+def chosen_delta(variable):
+    """A delta variable's value, or its chosen one while a warm-up holds
+    it."""
+    held = _HELD.get(id(variable))
+    return held[0] if held else float(ops.convert_to_numpy(variable))
 
 
 def check_label_mode(label_mode, ignore_class):
