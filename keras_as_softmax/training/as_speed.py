@@ -944,7 +944,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         if self._filter_spec is not None and self._filter_spec != spec:
             raise ValueError(
                 "ASSpeed's filter queues were built by the first `fit()` for "
-                "its batches; later fits need batches of the same shapes. "
+                "its batches; later fits need batches of the same shapes, "
+                "or a new wrapper, `ASSpeed(model.inner_model, ...)`, whose "
+                "queues start empty. "
                 + _spec_difference(self._filter_spec, spec)
             )
         self._create_filter_state(spec)
