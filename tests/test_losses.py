@@ -487,6 +487,17 @@ def test_delta_held_by_a_variable_or_tensor_is_checked_by_its_value():
     assert float(to_numpy(kas.ASSoftmaxLoss(np.array(0.4)).delta)) == (
         pytest.approx(0.4)
     )
+    # So is one given to the per-sample functions, and it is a scalar.
+    labels, logits = random_case((4,), 3)
+    for fn, y in (
+        (kas.as_softmax_cross_entropy, labels),
+        (kas.multilabel_as_softmax_cross_entropy, np.eye(3)[labels]),
+    ):
+        for bad in (1.5, float("nan")):
+            with pytest.raises(ValueError, match="Received: delta="):
+                fn(y, logits, delta=ops.convert_to_tensor(bad))
+        with pytest.raises(ValueError, match=r"scalar.*delta.shape=\(2,\)"):
+            fn(y, logits, delta=ops.convert_to_tensor([0.3, 0.3]))
 
 
 def test_other_hyperparameters_are_checked():

@@ -57,9 +57,17 @@ def is_concrete(x):
 
 
 def check_delta(delta):
-    """Checks a margin in [0, 1]; a `keras.Variable` or a tensor (a value
-    computed from one) passes through unread."""
-    if keras.ops.is_tensor(delta):
+    """Checks a margin in [0, 1]: a number, or a scalar tensor, whose value
+    is checked where it holds one; a `keras.Variable` (checked when made)
+    passes through unread."""
+    if isinstance(delta, keras.Variable) or ops.is_tensor(delta):
+        if len(delta.shape):
+            raise ValueError(
+                "Expected `delta` to be a scalar. Received: "
+                f"delta.shape={tuple(delta.shape)}"
+            )
+        if not isinstance(delta, keras.Variable) and is_concrete(delta):
+            _validation.check_fraction(ops.convert_to_numpy(delta), "delta")
         return delta
     return _validation.check_fraction(delta, "delta")
 
@@ -72,10 +80,8 @@ def delta_variable(delta):
     value it was traced with.
     A `keras.Variable` or a tensor that holds a value is checked by it.
     """
-    if isinstance(delta, keras.Variable) or (
-        ops.is_tensor(delta) and is_concrete(delta)
-    ):
-        _validation.check_fraction(ops.convert_to_numpy(delta), "delta")
+    if isinstance(delta, keras.Variable):
+        check_delta(ops.convert_to_numpy(delta))
     return keras.Variable(
         check_delta(delta),
         dtype="float32",
