@@ -70,6 +70,16 @@ def test_finish_window_takes_the_mean_and_follows_the_rule():
     np.testing.assert_allclose(ops.convert_to_numpy(mean[0]), [1.5, 1.0])
 
 
+def test_a_rule_that_returns_no_integer_scalar_is_refused_by_name():
+    state = accumulation.init([np.zeros(2, "float32")], steps=2)
+    for good in (3, np.int64(3), ops.convert_to_tensor(3)):
+        _, fresh = accumulation.finish_window(state, lambda *a, r=good: r)
+        assert numpy(fresh)[1][3] == 3.0
+    for bad in (2.5, ops.convert_to_tensor(2.0), None, "x", [2]):
+        with pytest.raises(ValueError, match="integer scalar.*Received"):
+            accumulation.finish_window(state, lambda *a, r=bad: r)
+
+
 def test_rule_never_decreases_grows_by_one_and_stops_at_the_cap():
     rule = accumulation.next_accumulation_steps
     value = lambda *a: int(ops.convert_to_numpy(rule(*a)))  # noqa: E731

@@ -137,7 +137,7 @@ def end_window_where(due, state, rule):
     and `steps` set by `rule(steps, rows, masked_rows)` (at least 1); as
     it was elsewhere. Arithmetic selection on scalars: the sums are not
     touched, so a compiled step neither rewrites nor copies them."""
-    steps = rule(state.steps, state.rows, state.masked_rows)
+    steps = _integer_scalar(rule(state.steps, state.rows, state.masked_rows))
     steps = ops.maximum(ops.cast(steps, "int32"), 1)
     return state._replace(
         micro_batches=ops.where(due, 0, state.micro_batches),
@@ -146,6 +146,21 @@ def end_window_where(due, state, rule):
         steps=ops.where(due, steps, state.steps),
         has_grads=ops.logical_and(ops.logical_not(due), state.has_grads),
     )
+
+
+def _integer_scalar(steps):
+    """A rule's result, refused unless an integer scalar: a float would be
+    truncated, and anything else fail deep in the step."""
+    if isinstance(steps, int) and not isinstance(steps, bool):
+        return steps
+    if len(getattr(steps, "shape", [None])) or "int" not in str(
+        getattr(steps, "dtype", None)
+    ):
+        raise ValueError(
+            "Expected `steps_rule` to return an integer scalar, the next "
+            f"window's length. Received: {steps!r}"
+        )
+    return steps
 
 
 def finish_window(state, rule, divisor=1):

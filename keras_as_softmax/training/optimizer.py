@@ -54,8 +54,8 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             mean gradient.
         steps_rule: the window's length: an int >= 1 (fixed), or a callable
             `(steps, rows, masked_rows) -> next_steps` of `keras.ops`
-            scalars, evaluated at the end of each window (a result below
-            1 counts as 1), such as
+            scalars, evaluated at the end of each window, whose result is
+            an integer scalar (below 1 counts as 1), such as
             `keras_as_softmax.training.accumulation.AdaptiveSteps`, the
             paper's rule. Defaults to `1`.
         regularize_weights: whether each update adds the gradient of the
