@@ -608,17 +608,28 @@ def test_labels_out_of_range_are_reported_eagerly(classes):
     with pytest.raises(ValueError, match="ignore_class=-100"):
         kas.ASSoftmaxLoss(ignore_class=-100)(labels, logits)
     # Compiled, nothing is read back: the row's loss is infinite, as the
-    # docstring says, and the others' are as without it.
-    per_row = kas.ASSoftmaxLoss(reduction=None)
-    jit = compiled(lambda y, x: per_row(y, x))
-    if jit is not None:
+    # docstring says, and the others' are as without it; the baselines'
+    # too.
+    for per_row in (
+        kas.ASSoftmaxLoss(reduction=None),
+        kas.SparseSoftmaxLoss(k=2, reduction=None),
+        kas.AMSoftmaxLoss(reduction=None),
+        kas.TemperatureSoftmaxLoss(reduction=None),
+        kas.SparsemaxLoss(reduction=None),
+        kas.Entmax15Loss(reduction=None),
+    ):
+        jit = compiled(lambda y, x, loss=per_row: loss(y, x))
+        if jit is None:
+            break
         for bad in (classes, -1):
             labels[2] = bad
             got = to_numpy(jit(labels, logits))
-            assert np.isposinf(got[2]), got
+            assert np.isposinf(got[2]), (per_row, got)
         labels[2] = 0
         expected = to_numpy(per_row(labels, logits))
-        np.testing.assert_allclose(np.delete(got, 2), np.delete(expected, 2))
+        np.testing.assert_allclose(
+            np.delete(got, 2), np.delete(expected, 2), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_half_precision_labels_with_many_classes_are_refused():

@@ -410,14 +410,22 @@ def cross_entropy_over_kept(logits, is_target, keep=None):
             softmax cross entropy).
 
     Returns:
-        Float values `[...]`.
+        Float values `[...]`; `inf` for a row without a target (a label
+        outside `[0, C)`, where a compiled step cannot raise).
     """
     top = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True))
     exps = ops.exp(logits - top)
     if keep is not None:
         exps = ops.where(keep, exps, 0.0)
     target = ops.sum(ops.where(is_target, logits, 0.0), axis=-1)
-    return ops.squeeze(top, axis=-1) + ops.log(ops.sum(exps, axis=-1)) - target
+    values = ops.squeeze(top, axis=-1) + ops.log(ops.sum(exps, axis=-1))
+    return inf_without_target(values - target, is_target)
+
+
+def inf_without_target(values, is_target):
+    """`values` `[...]`, `inf` in the rows whose `is_target` `[..., C]`
+    holds no target (a label out of range)."""
+    return ops.where(ops.any(is_target, axis=-1), values, float("inf"))
 
 
 def mask_rows(values, valid):

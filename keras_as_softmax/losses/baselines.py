@@ -152,6 +152,8 @@ def temperature_softmax_cross_entropy(
     >>> [round(float(v), 4) for v in values]
     [0.3133]
     """
+    if not ops.is_tensor(temperature):
+        temperature = _validation.check_positive(temperature, "temperature")
     logits, _, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, from_logits, label_mode, ignore_class
     )
@@ -219,12 +221,14 @@ def _tsallis_loss(logits, is_target, probs, alpha):
     """Fenchel-Young loss of the Tsallis alpha-entropy at `probs`.
 
     `(1 - sum p^alpha) / (alpha (alpha - 1)) + <p - onehot, o>`, whose
-    gradient with `p` held constant is `p - onehot`, the exact gradient.
+    gradient with `p` held constant is `p - onehot`, the exact gradient;
+    `inf` for a row without a target.
     """
     probs = ops.stop_gradient(probs)
     onehot = ops.cast(is_target, logits.dtype)
     entropy = (1.0 - ops.sum(probs**alpha, axis=-1)) / (alpha * (alpha - 1.0))
-    return entropy + ops.sum((probs - onehot) * logits, axis=-1)
+    values = entropy + ops.sum((probs - onehot) * logits, axis=-1)
+    return _common.inf_without_target(values, is_target)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
