@@ -576,6 +576,12 @@ def test_multilabel_as_loss_carries_nan_logits():
     assert np.isnan(values[0]) and np.isfinite(values[1]), values
 
 
+def test_logits_without_classes_are_refused_by_shape():
+    labels, _ = random_case((4,), 3)
+    with pytest.raises(ValueError, match=r"one class.*shape=\(4, 0\)"):
+        kas.ASSoftmaxLoss()(labels, np.zeros((4, 0), "float32"))
+
+
 def test_k_larger_than_classes():
     labels, logits = random_case((4,), 5)
     with pytest.raises(ValueError, match=r"k.*<=.*\(5\).*k=9"):
