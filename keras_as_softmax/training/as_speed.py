@@ -1211,8 +1211,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             if saved_by_0_5_13:
                 store = self._with_drawn_sizes(store)
         else:
-            own = self._trainable_variables + self._non_trainable_variables
-            missing = own[len(keys) :]
+            missing = self._stored_variables()[len(keys) :]
             if missing and _same(missing, self._queue_variables()):
                 # Saved before the first `fit` created the queues (the
                 # initial weights, to train again from them): empty queues.
@@ -1220,6 +1219,11 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 for i, variable in enumerate(missing, len(keys)):
                     store[f"{i}"] = np.zeros(variable.shape, variable.dtype)
         super().load_own_variables(store)
+
+    def _stored_variables(self):
+        """This layer's own variables, in the order of the keys `"0"`,
+        `"1"`, ... that Keras's `save_own_variables` writes."""
+        return self._trainable_variables + self._non_trainable_variables
 
     def _with_drawn_sizes(self, store):
         """`store` of a file saved by 0.5.13 or earlier, whose queued rows
@@ -1232,8 +1236,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             id(b) for b in self._queue_variables() if b.dtype == "float32"
         }
         store = dict(store)
-        variables = self._trainable_variables + self._non_trainable_variables
-        for i, variable in enumerate(variables):
+        for i, variable in enumerate(self._stored_variables()):
             if id(variable) in buffers:
                 old = np.asarray(store[f"{i}"])
                 column = np.full((old.shape[0], 1), size, "float32")
