@@ -72,7 +72,9 @@ def parse_args(argv=None):
         "--source", default="wordnet", choices=("wordnet", "clinc_oos")
     )
     parser.add_argument(
-        "--methods", default="softmax,as_softmax,as_skip_hybrid"
+        "--methods",
+        default="softmax,as_softmax,as_skip_hybrid",
+        help="comma-separated names of as_softmax_lab.METHODS",
     )
     parser.add_argument(
         "--revisit",
@@ -111,6 +113,13 @@ def main(argv=None):
     import as_softmax_lab as lab
     from as_softmax_lab import datasets
 
+    methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in lab.METHODS]
+    if unknown:
+        raise SystemExit(
+            f"Unknown --methods {', '.join(unknown)}. Expected names among: "
+            + ", ".join(lab.METHODS)
+        )
     os.makedirs(args.output_dir, exist_ok=True)
     print(f"[demo] loading {args.preset} ...", flush=True)
     backbone = lab.load_backbone(args.preset)
@@ -129,7 +138,7 @@ def main(argv=None):
     )
 
     results = []
-    for method in args.methods.split(","):
+    for method in methods:
         t = time.perf_counter()
         print(
             f"[demo] training {method}: {lab.METHODS[method].description}",

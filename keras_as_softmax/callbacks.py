@@ -9,7 +9,8 @@ from keras_as_softmax.losses._common import release_delta
 
 
 def find_delta_variables(objects):
-    """The `delta` variables of the losses and metrics among `objects`."""
+    """The `delta` variables of the losses among `objects`, and of the
+    losses that metrics among them compute (`MaskedRatio(loss)`)."""
     found = []
     stack = list(objects)
     while stack:
@@ -21,6 +22,8 @@ def find_delta_variables(objects):
         elif isinstance(getattr(obj, "delta", None), keras.Variable):
             if not any(obj.delta is v for v in found):
                 found.append(obj.delta)
+        elif isinstance(getattr(obj, "loss", None), keras.losses.Loss):
+            stack.append(obj.loss)
     return found
 
 

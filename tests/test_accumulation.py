@@ -98,7 +98,7 @@ def test_rules_are_plug_ins():
     assert kas.AdaptiveSteps.from_config(adaptive.get_config()).lam == 0.5
     with pytest.raises(ValueError, match="steps_rule.*'four'"):
         accumulation.as_rule("four")
-    with pytest.raises(ValueError, match="steps"):
+    with pytest.raises(ValueError, match="`steps_rule`.*steps_rule=0"):
         accumulation.as_rule(0)
     with pytest.raises(ValueError, match="lam"):
         kas.AdaptiveSteps(lam=0.0)

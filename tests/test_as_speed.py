@@ -801,6 +801,11 @@ def test_bad_arguments():
         ValueError, match="Received: losses=.*mean_squared_error"
     ):
         model.fit(*data(8), verbose=0, callbacks=[warmup])
+    # A metric computing an AS loss leads to that loss's delta.
+    loss = kas.ASSoftmaxLoss(0.3)
+    warmup = kas.DeltaWarmup(0.5, losses=[kas.MaskedRatio(loss)])
+    model.fit(*data(8), verbose=0, callbacks=[warmup])
+    assert warmup._variables == [loss.delta]
 
 
 def tiny_text_classifier(keras_hub):

@@ -1181,6 +1181,8 @@ def test_bad_input():
         filters.SkipMasked(min_masked_ratio=-0.1)
     with pytest.raises(ValueError, match="score_training.*'no'"):
         filters.SkipMasked(score_training="no")
+    with pytest.raises(ValueError, match="score_training.*0"):
+        filters.SelectiveBackprop(score_training=0)
     with pytest.raises(ValueError, match=r"score_margin.*\[0, 1\].*1.5"):
         filters.SkipMasked(score_margin=1.5)
     with pytest.raises(ValueError, match="keep"):

@@ -472,6 +472,11 @@ def test_bad_delta_and_hyperparameters():
     with pytest.raises(ValueError, match="temperature"):
         kas.TemperatureSoftmaxLoss(temperature=0.0)
     labels, logits = random_case((4,), 5)
+    # The per-sample functions check what their classes check.
+    with pytest.raises(ValueError, match="scale.*-1"):
+        kas.am_softmax_cross_entropy(labels, logits, scale=-1.0)
+    with pytest.raises(ValueError, match="margin.*-5"):
+        kas.am_softmax_cross_entropy(labels, logits, margin=-5.0)
     for fn in (kas.sparsemax_loss, kas.entmax15_loss):
         with pytest.raises(ValueError, match="from_logits"):
             fn(labels, logits, from_logits=False)
@@ -574,6 +579,60 @@ def test_multilabel_as_loss_carries_nan_logits():
         kas.MultiLabelASSoftmaxLoss(1.0, reduction=None)(labels, logits)
     )
     assert np.isnan(values[0]) and np.isfinite(values[1]), values
+
+
+_NAN_LOGITS = np.array(
+    [[2.0, np.nan, 0.0, 1.0], [np.nan, 1.0, 0.0, 1.0], [3.0, 0.0, 0.0, 0.0]],
+    "float32",
+)
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        lambda y, x: kas.as_softmax_cross_entropy(y, x, delta=0.3),
+        lambda y, x: kas.as_softmax_cross_entropy(y, x, delta=0.0),
+        lambda y, x: kas.sparse_softmax_cross_entropy(y, x, k=2),
+        lambda y, x: kas.am_softmax_cross_entropy(y, x),
+        lambda y, x: kas.sparsemax_loss(y, x),
+        lambda y, x: kas.multilabel_as_softmax_cross_entropy(
+            ops.one_hot(y, 4), x, delta=0.05
+        ),
+        lambda y, x: kas.multilabel_categorical_crossentropy(
+            ops.one_hot(y, 4), x
+        ),
+    ],
+    ids=["as", "as_delta0", "sparse", "am", "sparsemax", "ml_as", "mlce"],
+)
+def test_a_nan_logit_gives_its_row_nan_eager_and_compiled(loss):
+    # As softmax cross entropy does: `TerminateOnNaN` sees it, and the row
+    # is not counted as masked. TensorFlow's XLA row max skips NaN, which
+    # gave a masked row's 0.0 there.
+    labels = np.array([0, 1, 0], "int32")
+    runs = [loss, compiled(loss)] if compiled(loss) else [loss]
+    for run in runs:
+        values = to_numpy(run(labels, _NAN_LOGITS))
+        assert np.isnan(values[:2]).all() and np.isfinite(values[2]), values
+
+
+@pytest.mark.parametrize("delta", [0.0, 1e-9])
+def test_a_near_tie_that_keeps_only_the_target_is_exactly_zero(delta):
+    # Both exponentials round to 1.0, so only the target is kept, but
+    # `log(e_t) - (o_t - max)` is a rounding, 2e-8, not 0.
+    logits = np.array([[2e-8, 0.0], [0.0, 2e-8]], "float32")
+    labels = np.array([1, 0])
+    for run in [None, compiled]:
+        fn = lambda x: kas.as_softmax_cross_entropy(labels, x, delta=delta)  # noqa: E731
+        if run is not None:
+            fn = run(fn)
+            if fn is None:
+                continue
+        values = to_numpy(fn(logits))
+        assert np.all(values == 0.0), values
+    _, grad = value_and_grad(
+        lambda x: kas.as_softmax_cross_entropy(labels, x, delta=delta), logits
+    )
+    assert np.all(grad == 0.0), grad
 
 
 def test_logits_without_classes_are_refused_by_shape():
@@ -865,3 +924,9 @@ print(json.dumps({{"loss": r["loss"], "delta": m.loss.get_config()["delta"],
     assert result["cls"] == "ASSoftmaxLoss"
     assert result["delta"] == pytest.approx(0.25)
     np.testing.assert_allclose(result["loss"], expected["loss"], rtol=1e-5)
+
+
+def test_sparsemax_and_entmax15_take_arrays():
+    x = np.array([[1.0, 0.5, 0.0]], "float32")
+    np.testing.assert_allclose(to_numpy(kas.sparsemax(x)), [[0.75, 0.25, 0]])
+    np.testing.assert_allclose(to_numpy(kas.entmax15(x)).sum(), 1.0, 1e-6)

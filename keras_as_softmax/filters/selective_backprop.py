@@ -4,9 +4,9 @@ loss rank (Jiang et al. 2019), for any loss."""
 import keras
 from keras import ops
 
+from keras_as_softmax._validation import check_bool
 from keras_as_softmax._validation import check_fraction
 from keras_as_softmax._validation import check_int
-from keras_as_softmax._validation import check_one_of
 from keras_as_softmax.filters.base import ScoringFilter
 
 
@@ -73,9 +73,7 @@ class SelectiveBackprop(ScoringFilter):
                 "never trains. Received: keep=0.0"
             )
         self.seed = None if seed is None else check_int(seed, "seed", 0)
-        self.score_training = bool(
-            check_one_of(score_training, "score_training", (True, False))
-        )
+        self.score_training = check_bool(score_training, "score_training")
 
     def select(self, view, state):
         loss = view.sample_loss

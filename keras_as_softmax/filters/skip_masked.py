@@ -3,8 +3,8 @@
 import keras
 from keras import ops
 
+from keras_as_softmax._validation import check_bool
 from keras_as_softmax._validation import check_fraction
-from keras_as_softmax._validation import check_one_of
 from keras_as_softmax.filters.base import ScoringFilter
 
 # Weight of the newest pass in the moving masked share.
@@ -76,9 +76,7 @@ class SkipMasked(ScoringFilter):
         self.min_masked_ratio = check_fraction(
             min_masked_ratio, "min_masked_ratio"
         )
-        self.score_training = bool(
-            check_one_of(score_training, "score_training", (True, False))
-        )
+        self.score_training = check_bool(score_training, "score_training")
         self.score_margin = check_fraction(score_margin, "score_margin")
 
     def state_spec(self):

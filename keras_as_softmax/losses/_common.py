@@ -424,6 +424,11 @@ def cross_entropy_over_kept(logits, is_target, keep=None):
         exps = ops.where(keep, exps, 0.0)
     target = ops.sum(ops.where(is_target, logits, 0.0), axis=-1)
     values = ops.squeeze(top, axis=-1) + ops.log(ops.sum(exps, axis=-1))
+    if keep is not None:
+        # A NaN logit makes the row NaN, as without `keep`, which drops it
+        # (TensorFlow's XLA `max`, and so `top`, skips NaN).
+        nan = ops.any(ops.isnan(logits), axis=-1)
+        values = ops.where(nan, float("nan"), values)
     return inf_without_target(values - target, is_target)
 
 

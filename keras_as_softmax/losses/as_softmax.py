@@ -122,7 +122,16 @@ def as_softmax_cross_entropy(
         keep = ops.logical_or(ops.greater(exps, threshold), is_target)
         kept_exps = ops.where(keep, exps, 0.0)
         kept = ops.sum(kept_exps, axis=-1, keepdims=True)
-        values = ops.squeeze(top + ops.log(kept) - target, axis=-1)
+        values = top + ops.log(kept) - target
+        # Only the target kept: exactly 0.0, which `log(e_t) - (o_t - top)`
+        # misses by a rounding when the target trails the row's max by less
+        # than float resolution.
+        target_exp = ops.sum(ops.where(is_target, exps, 0.0), -1, keepdims=True)
+        values = ops.where(kept == target_exp, 0.0, values)
+        # A NaN logit makes the row NaN, as in softmax cross entropy: the
+        # comparisons alone would drop it, and TensorFlow's XLA `max`
+        # skips NaN; `total` carries it.
+        values = ops.squeeze(ops.where(ops.isnan(total), total, values), -1)
 
         def grad(*args, upstream=None):
             if upstream is None:  # TensorFlow and JAX pass it positionally.

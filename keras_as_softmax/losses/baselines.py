@@ -115,6 +115,10 @@ def am_softmax_cross_entropy(
     Reference:
         Wang et al., "Additive Margin Softmax for Face Verification", 2018.
     """
+    if not ops.is_tensor(scale):
+        scale = _validation.check_positive(scale, "scale")
+    if not ops.is_tensor(margin):
+        margin = _validation.check_positive(margin, "margin", allow_zero=True)
     logits, _, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, from_logits, label_mode, ignore_class
     )
@@ -175,6 +179,7 @@ def sparsemax(logits):
     The Euclidean projection of the logits onto the probability simplex:
     `max(o - tau, 0)` with the threshold `tau` that makes it sum to 1.
     """
+    logits = ops.convert_to_tensor(logits)
     z = logits - ops.max(logits, axis=-1, keepdims=True)
     z_sorted = _sorted_desc(z)
     rank = ops.arange(1, ops.shape(z)[-1] + 1, dtype=z.dtype)
@@ -193,6 +198,7 @@ def entmax15(logits):
     `max(o / 2 - tau, 0) ** 2` with the threshold `tau` that makes it sum to
     1; it interpolates between softmax and sparsemax.
     """
+    logits = ops.convert_to_tensor(logits)
     z = (logits - ops.max(logits, axis=-1, keepdims=True)) / 2.0
     z_sorted = _sorted_desc(z)
     rank = ops.arange(1, ops.shape(z)[-1] + 1, dtype=z.dtype)

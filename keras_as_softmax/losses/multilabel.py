@@ -232,9 +232,10 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     lse_positive = ops.where(
         keeps_positive, _log1p_sum_exp(shift_positive, sum_positive), 0.0
     )
-    # A NaN logit makes `top` NaN: carry it into the loss, which the masks
-    # alone would hide (every comparison with NaN is false).
-    lse_negative = lse_negative + 0.0 * top
+    # A NaN logit makes `top` NaN, or `total` where the row max skips NaN
+    # (TensorFlow's XLA): carry it into the loss, which the masks alone
+    # would hide (every comparison with NaN is false).
+    lse_negative = lse_negative + 0.0 * (top + total)
     return _two_sided(
         logits,
         ops.stop_gradient(lse_negative),

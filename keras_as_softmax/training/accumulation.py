@@ -178,7 +178,7 @@ def next_accumulation_steps(steps, n_all, n_masked, lam, max_steps):
     """The AS-Speed rule (paper eq. 19 with its three restrictions).
 
     ```
-    proposal = round(lam * N_all / (N_all - N_masked)), at least 1
+    proposal = floor(lam * N_all / (N_all - N_masked) + 0.5)  # float32
     steps'   = steps + 1 if proposal > steps and steps < max_steps else steps
     ```
 
@@ -217,9 +217,9 @@ class AdaptiveSteps:
 
     Called at the end of each window with its counts, it returns the next
     window's length, `next_accumulation_steps(steps, rows, masked_rows,
-    lam, max_steps)`: `round(lam * N_all / (N_all - N_masked))`, never
-    decreasing, growing by at most one, capped at `max_steps`. Windows
-    start at one micro-batch.
+    lam, max_steps)`: `lam * N_all / (N_all - N_masked)` rounded half up,
+    never decreasing, growing by at most one, capped at `max_steps`.
+    Windows start at one micro-batch.
 
     Args:
         lam: the paper's lambda (> 0). Defaults to `0.5`.
@@ -274,7 +274,7 @@ def as_rule(rule):
     masked_rows) -> steps` (a callable without `initial_steps` starts at
     one micro-batch)."""
     if isinstance(rule, int) and not isinstance(rule, bool):
-        return FixedSteps(rule)
+        return FixedSteps(check_int(rule, "steps_rule", 1))
     if not callable(rule):
         raise ValueError(
             "Expected `steps_rule` to be an int >= 1 or a callable "
