@@ -801,6 +801,16 @@ def test_bad_arguments():
         ValueError, match="Received: losses=.*mean_squared_error"
     ):
         model.fit(*data(8), verbose=0, callbacks=[warmup])
+    # `masked_ratio` is ASSpeed's: a metric of that name computing
+    # something else would be hidden.
+    wrapped = kas.ASSpeed(make_model())
+    wrapped.compile(
+        "sgd",
+        kas.ASSoftmaxLoss(),
+        metrics=[kas.MaskedRatio(kas.ASSoftmaxLoss(0.9))],
+    )
+    with pytest.raises(ValueError, match="masked_ratio.*another name"):
+        wrapped.fit(*data(8), verbose=0)
     # A metric computing an AS loss leads to that loss's delta.
     loss = kas.ASSoftmaxLoss(0.3)
     warmup = kas.DeltaWarmup(0.5, losses=[kas.MaskedRatio(loss)])
@@ -843,14 +853,15 @@ def test_keras_hub_task_fed_raw_strings():
     assert "loss" in wrapped.evaluate(
         texts, labels, batch_size=4, verbose=0, return_dict=True
     )
-    # The last-seen filter on raw strings: the ids pass the preprocessor.
+    # The last-seen filter on raw strings, a list as keras-hub takes them:
+    # the ids pass the preprocessor.
     skipper = kas.filters.SkipMaskedLastSeen(16, warmup_epochs=0)
     filtered = kas.ASSpeed(task, sample_filter=skipper)
     filtered.compile(
         optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT
     )
     history = filtered.fit(
-        kas.filters.with_sample_ids(texts),
+        kas.filters.with_sample_ids(list(texts)),
         labels,
         batch_size=4,
         epochs=2,
@@ -883,7 +894,7 @@ def test_a_keras_hub_task_validates_on_raw_strings():
     )["loss"]
     np.testing.assert_allclose(logs["val_loss"], [expected], rtol=1e-5)
     logs = wrapped.fit(
-        texts, labels, batch_size=4, validation_split=0.25, verbose=0
+        list(texts), labels, batch_size=4, validation_split=0.25, verbose=0
     ).history
     # Keras's split: the last quarter, in order.
     expected = wrapped.evaluate(

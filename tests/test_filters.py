@@ -1218,8 +1218,10 @@ def test_bad_input():
     import tensorflow as tf
 
     batched = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-    with pytest.raises(ValueError, match=r"shape \(8,\).*before `batch`"):
-        wrapped.fit(filters.index_dataset(batched), verbose=0)
+    # Numbered after `batch`, or not batched at all: one id an element.
+    for data in (batched, tf.data.Dataset.from_tensor_slices((x, y))):
+        with pytest.raises(ValueError, match=r"one id for.*before `batch`"):
+            wrapped.fit(filters.index_dataset(data), verbose=0)
     with pytest.raises(ValueError, match=r"\(x, y\)"):
         filters.index_dataset(tf.data.Dataset.from_tensor_slices(x))
     wrapped = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())

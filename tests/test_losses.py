@@ -639,6 +639,12 @@ def test_logits_without_classes_are_refused_by_shape():
     labels, _ = random_case((4,), 3)
     with pytest.raises(ValueError, match=r"one class.*shape=\(4, 0\)"):
         kas.ASSoftmaxLoss()(labels, np.zeros((4, 0), "float32"))
+    for loss in (
+        kas.MultiLabelASSoftmaxLoss(),
+        kas.MultiLabelCategoricalCrossentropy(),
+    ):
+        with pytest.raises(ValueError, match=r"one class.*shape=\(4, 0\)"):
+            loss(np.zeros((4, 0)), np.zeros((4, 0), "float32"))
 
 
 def test_k_larger_than_classes():

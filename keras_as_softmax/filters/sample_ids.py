@@ -7,8 +7,30 @@ INPUTS_KEY = "inputs"
 SAMPLE_ID_KEY = "sample_id"
 
 
+def text_as_arrays(x):
+    """`x` with each list (or tuple) of strings, the raw text a keras-hub
+    task takes, as one NumPy array, also under a dict (sample ids): Keras's
+    structure utilities would take each string for an array."""
+
+    def is_text(v):
+        return (
+            isinstance(v, (list, tuple))
+            and len(v) > 0
+            and all(isinstance(s, (str, bytes)) for s in v)
+        )
+
+    if is_text(x):
+        import numpy as np
+
+        return np.array(x)
+    if isinstance(x, dict):
+        return {k: text_as_arrays(v) for k, v in x.items()}
+    return x
+
+
 def with_sample_ids(x, ids=None):
-    """Attaches sample ids to inputs `x` (arrays, a tuple or a dict).
+    """Attaches sample ids to inputs `x` (arrays, a tuple or a dict; raw
+    text as a list of strings).
 
     Returns `{"inputs": x, "sample_id": ids}`, the form that
     `ASSpeed` with `SkipMaskedLastSeen` trains on; `ids` default to
@@ -16,6 +38,7 @@ def with_sample_ids(x, ids=None):
     """
     import numpy as np
 
+    x = text_as_arrays(x)
     first = keras.tree.flatten(x)[0]
     n = len(first)
     if ids is None:

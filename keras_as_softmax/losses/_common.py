@@ -364,6 +364,15 @@ def _check_one_hot(y_true):
     )
 
 
+def check_has_classes(y_pred):
+    """Refuses logits `[..., 0]`, by their shape."""
+    if len(y_pred.shape) and y_pred.shape[-1] == 0:
+        raise ValueError(
+            "Expected `y_pred` with at least one class on its last axis. "
+            f"Received: y_pred.shape={tuple(y_pred.shape)}"
+        )
+
+
 def prepare_multiclass(y_true, y_pred, from_logits, label_mode, ignore_class):
     """Checks and standardizes multi-class inputs.
 
@@ -376,11 +385,7 @@ def prepare_multiclass(y_true, y_pred, from_logits, label_mode, ignore_class):
     check_label_mode(label_mode, ignore_class)
     y_true = ops.convert_to_tensor(y_true)
     y_pred = ops.convert_to_tensor(y_pred)
-    if len(y_pred.shape) and y_pred.shape[-1] == 0:
-        raise ValueError(
-            "Expected `y_pred` with at least one class on its last axis. "
-            f"Received: y_pred.shape={tuple(y_pred.shape)}"
-        )
+    check_has_classes(y_pred)
     if not from_logits:
         check_probabilities(y_pred)
     logits = to_logits(y_pred, from_logits)

@@ -12,6 +12,7 @@ _INF = float("inf")
 def _prepare_multilabel(y_true, y_pred):
     y_true = ops.convert_to_tensor(y_true)
     y_pred = ops.convert_to_tensor(y_pred)
+    _common.check_has_classes(y_pred)
     _common.check_same_shape(y_true, y_pred, "multi-hot")
     _common.check_zero_one(
         y_true,

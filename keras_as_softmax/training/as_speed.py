@@ -11,8 +11,10 @@ from keras import ops
 from keras_as_softmax import filters as filters_lib
 from keras_as_softmax._validation import check_int
 from keras_as_softmax._validation import check_positive
+from keras_as_softmax.filters.sample_ids import text_as_arrays
 from keras_as_softmax.losses import ASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
+from keras_as_softmax.metrics import MaskedRatio
 from keras_as_softmax.metrics import count_masked_rows
 from keras_as_softmax.training import _data
 from keras_as_softmax.training import _filtering
@@ -594,6 +596,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     "`ASSpeed(..., masked_outputs=[...])`. Received: one "
                     f"loss, {loss!r}, for the outputs {outputs}"
                 )
+        self._check_no_metric_named_masked_ratio()
         # Functional and sequential models show their masks here; a
         # subclassed model's show in the step (`compute_loss`, and the
         # filters' passes through `_filtering.row_values`).
@@ -628,6 +631,27 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     "Expected sample_filter=None under "
                     "MultiWorkerMirroredStrategy. Received: "
                     f"sample_filter={self.sample_filters!r}"
+                )
+
+    def _check_no_metric_named_masked_ratio(self):
+        """`masked_ratio` in the logs is the compiled loss's share: a
+        compiled metric of that name would be hidden by it, unless it
+        computes the same (`MaskedRatio` of the compiled loss)."""
+        config = self._compile_config.config
+        for metrics in (config.get("metrics"), config.get("weighted_metrics")):
+            if not isinstance(metrics, (list, tuple)):
+                continue  # a dict names them after their outputs
+            for metric in metrics:
+                if getattr(metric, "name", None) != "masked_ratio" or (
+                    isinstance(metric, MaskedRatio) and metric.loss is self.loss
+                ):
+                    continue
+                raise ValueError(
+                    "ASSpeed logs `masked_ratio`, the share of rows the "
+                    "compiled loss masks, which would hide a compiled metric "
+                    "of the same name. Expected that metric under another "
+                    "name, e.g. MaskedRatio(loss, name='masked_ratio_0.9'). "
+                    f"Received: metrics with {metric!r} named 'masked_ratio'"
                 )
 
     def _check_masked_outputs(self, loss):
@@ -802,6 +826,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     ):
         self._check_compiled()
         if self.preprocessor is not None:
+            x = text_as_arrays(x)
             # The preprocessor makes a dataset of the arrays, which Keras
             # cannot split: split them first, as keras-hub's tasks do.
             if validation_split and validation_data is None:
@@ -861,6 +886,13 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "`(x, y, sample_weight)`. Received: no labels"
             )
         inputs, ids = filters_lib.split_sample_ids(first_x)
+        if ids is not None and np.ndim(ids) == 0:
+            raise ValueError(
+                "Expected one integer sample id per sample of a batch. "
+                "Received one id for the whole element: index_dataset "
+                "numbers the elements of an unbatched dataset, so call it "
+                "before `batch`: `index_dataset(ds).batch(batch_size)`."
+            )
         last_seen = self._memory_filter
         if last_seen is not None:
             if ids is None:
