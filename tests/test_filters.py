@@ -1966,3 +1966,40 @@ def test_weights_taken_before_the_first_fit_restart_training(tmp_path, how):
     assert int(ops.convert_to_numpy(wrapped._score_queue.count)) == 0
     for ours, theirs in zip(fit(), trained):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_metrics_leave_out_what_a_keras_mask_hides_as_keras_does():
+    """Padding that `Embedding(mask_zero=True)` masks, labelled with the
+    loss's `ignore_class`: the filtered step's metrics leave it out, as a
+    plain step's do (except on JAX, whose plain metrics count it too). In
+    its warm-up epoch `SelectiveBackprop` trains every sample, as a plain
+    step does, so the logs are the same."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(1, 20, size=(64, 6)).astype("int32")
+    for i, length in enumerate(rng.integers(1, 7, size=64)):
+        x[i, length:] = 0
+    y = np.where(x == 0, -1, (x * 3) % 5).astype("int32")
+
+    def fit(wrap):
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((6,), dtype="int32")
+        hidden = keras.layers.Embedding(20, 8, mask_zero=True)(inputs)
+        model = wrap(keras.Model(inputs, keras.layers.Dense(5)(hidden)))
+        model.compile(
+            keras.optimizers.SGD(0.5),
+            kas.ASSoftmaxLoss(1.0, ignore_class=-1),
+            metrics=["accuracy"],
+        )
+        logs = model.fit(x, y, batch_size=32, verbose=0, shuffle=False)
+        return logs.history
+
+    plain = fit(lambda model: model)
+    filtered = fit(
+        lambda model: kas.ASSpeed(
+            model,
+            max_steps=1,
+            sample_filter=filters.SelectiveBackprop(0.5, seed=0),
+        )
+    )
+    for name in ("loss", "accuracy"):
+        np.testing.assert_allclose(filtered[name], plain[name], rtol=1e-5)

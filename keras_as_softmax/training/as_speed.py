@@ -14,6 +14,8 @@ from keras_as_softmax._validation import check_positive
 from keras_as_softmax.filters.sample_ids import text_as_arrays
 from keras_as_softmax.losses import ASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
+from keras_as_softmax.losses._common import ignore_class_of
+from keras_as_softmax.losses._common import valid_rows
 from keras_as_softmax.metrics import MaskedRatio
 from keras_as_softmax.metrics import count_masked_rows
 from keras_as_softmax.training import _data
@@ -762,6 +764,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             metrics.build(y, y_pred)
         # One output: sample filters refuse models with more.
         y, y_pred = metrics._flatten_y(y)[0], metrics._flatten_y(y_pred)[0]
+        if getattr(self, "_metrics_skip_ignored", False):
+            valid = ops.cast(
+                valid_rows(y, tuple(covered.shape), ignore_class_of(self.loss)),
+                "float32",
+            )
+            covered, sample_weight = covered * valid, sample_weight * valid
         for unweighted in metrics._flat_metrics:
             if unweighted:
                 unweighted.update_state(y, y_pred, sample_weight=covered)
@@ -959,6 +967,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 f"Received outputs: {output!r}"
             )
         row_tail = tuple(output.shape[1:-1])
+        # Keras leaves the positions a Keras mask hides out of the metrics
+        # (not JAX's stateless ones), but the filtered step's predictions
+        # lose the mask: its metrics leave out the positions the loss's
+        # `ignore_class` labels (which a mask needs: `check_no_keras_mask`).
+        # A functional model shows its mask before the step.
+        self._metrics_skip_ignored = _BACKEND != "jax" and any(
+            _filtering.get_keras_mask(o) is not None
+            for o in getattr(self.inner_model, "outputs", None) or []
+        )
         leaves = [
             (tuple(np.shape(a)[1:]), _dtype(a))
             for a in keras.tree.flatten(inputs) + keras.tree.flatten(first_y)
