@@ -936,3 +936,23 @@ def test_sparsemax_and_entmax15_take_arrays():
     x = np.array([[1.0, 0.5, 0.0]], "float32")
     np.testing.assert_allclose(to_numpy(kas.sparsemax(x)), [[0.75, 0.25, 0]])
     np.testing.assert_allclose(to_numpy(kas.entmax15(x)).sum(), 1.0, 1e-6)
+
+
+def test_infinite_logits_give_the_same_finite_loss_compiled():
+    # Infinities clip to +-1e30; compiled, the scaled logits must not be
+    # rounded apart, which overflowed `exp(o - max)` to inf.
+    logits = np.array(
+        [[2.0, np.inf, 0.0], [np.inf, 1.0, 0.0], [-np.inf, -np.inf, -np.inf]],
+        "float32",
+    )
+    labels = np.array([0, 0, 0])
+    for fn in (
+        lambda y, x: kas.am_softmax_cross_entropy(y, x, scale=10.0),
+        lambda y, x: kas.temperature_softmax_cross_entropy(y, x, 0.25),
+    ):
+        eager = to_numpy(fn(labels, logits))
+        assert np.all(np.isfinite(eager)), eager
+        if compiled(fn) is not None:
+            np.testing.assert_allclose(
+                to_numpy(compiled(fn)(labels, logits)), eager, rtol=1e-6
+            )

@@ -122,7 +122,11 @@ def am_softmax_cross_entropy(
     logits, _, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, from_logits, label_mode, ignore_class
     )
-    logits = scale * ops.where(is_target, logits - margin, logits)
+    # Clipped again: XLA may compute the scaled logits twice, rounding
+    # them apart, and at 1e30 that gap overflows `exp(o - max)`.
+    logits = _common.to_logits(
+        scale * ops.where(is_target, logits - margin, logits), True
+    )
     values = _common.cross_entropy_over_kept(logits, is_target)
     return _common.mask_rows(values, valid)
 
@@ -161,7 +165,8 @@ def temperature_softmax_cross_entropy(
     logits, _, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, from_logits, label_mode, ignore_class
     )
-    values = _common.cross_entropy_over_kept(logits / temperature, is_target)
+    logits = _common.to_logits(logits / temperature, True)  # as AM-Softmax
+    values = _common.cross_entropy_over_kept(logits, is_target)
     return _common.mask_rows(values, valid)
 
 
