@@ -118,16 +118,19 @@ def as_softmax_cross_entropy(
         exps = ops.exp(x - top)
         total = ops.sum(exps, axis=-1, keepdims=True)
         # p_t - p_i < delta  <=>  e_i > e_t - delta * sum(e), e = exp(o - max)
-        threshold = ops.exp(target - top) - delta * total
+        target_exp = ops.exp(target - top)
+        threshold = target_exp - delta * total
         keep = ops.logical_or(ops.greater(exps, threshold), is_target)
         kept_exps = ops.where(keep, exps, 0.0)
         kept = ops.sum(kept_exps, axis=-1, keepdims=True)
-        values = top + ops.log(kept) - target
-        # Only the target kept: exactly 0.0, which `log(e_t) - (o_t - top)`
-        # misses by a rounding when the target trails the row's max by less
-        # than float resolution.
-        target_exp = ops.sum(ops.where(is_target, exps, 0.0), -1, keepdims=True)
-        values = ops.where(kept == target_exp, 0.0, values)
+        # Only the target kept: exactly 0.0, where `log(e_t) - (o_t - top)`
+        # would be a rounding (the target below the max by less than float
+        # resolution). `target_exp` is the exp of the same difference as
+        # the target's entry of `exps`; a second reduction to read that
+        # entry would make XLA write `exps` out.
+        values = ops.where(
+            kept == target_exp, 0.0, top + ops.log(kept) - target
+        )
         # A NaN logit makes the row NaN, as in softmax cross entropy: the
         # comparisons alone would drop it, and TensorFlow's XLA `max`
         # skips NaN; `total` carries it.
