@@ -1267,7 +1267,30 @@ for name, (make_filter, jit_compile) in filter_cases.items():
         "memory_equal": one["memory"] == two["memory"],
     }
 
+# Without a filter, learning rate 0: the epoch's logged weighted accuracy,
+# whose last batch (3 rows) splits unevenly over the replicas, and the
+# exact one.
+def weighted_accuracy(strategy):
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((6,))
+        model = kas.ASSpeed(keras.Model(inputs, keras.layers.Dense(4)(inputs)))
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.0),
+            loss=kas.ASSoftmaxLoss(0.3),
+            weighted_metrics=["accuracy"],
+        )
+    labels = x[:91, :4].argmax(-1).astype("int32")
+    class_weight = {0: 0.5, 1: 1.0, 2: 2.0, 3: 1.0}
+    logged = model.fit(
+        x[:91], labels, batch_size=8, class_weight=class_weight, verbose=0
+    ).history["accuracy"][0]
+    hits = model.predict(x[:91], verbose=0).argmax(-1) == labels
+    weights = np.array([class_weight[int(c)] for c in labels])
+    return [logged, float(np.sum(weights * hits) / np.sum(weights))]
+
 print(json.dumps({
+    "weighted_accuracy": weighted_accuracy(strategy),
     "filters": filter_results,
     "odd_batch_error": filtered(
         strategy, lambda: kas.filters.SkipMasked(), False, batch=7
@@ -1323,6 +1346,9 @@ def test_mirrored_strategy_matches_single_device():
             assert min(case["trained"][0]) < 0.5, name  # samples left out
     error = result["odd_batch_error"]
     assert "divisible by 2" in error and "Received: 7" in error
+    # The epoch's metrics are their synced results, not each replica's
+    # last ratios averaged.
+    np.testing.assert_allclose(*result["weighted_accuracy"], rtol=1e-6)
 
 
 # One process of a two-worker MultiWorkerMirroredStrategy cluster on

@@ -312,7 +312,6 @@ class ASSpeedTrainer:
                 trained=trained,
                 scored=scored,
             )
-            logs["accum_steps"] = self.optimizer.accumulation_steps
         metrics_vars = [
             scope.get_current_value(v) for v in self.metrics_variables
         ]

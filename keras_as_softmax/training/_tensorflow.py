@@ -355,9 +355,6 @@ class ASSpeedTrainer:
         logs = self._step_metrics(
             *metric_args, counts=(masked, rows), trained=trained, scored=scored
         )
-        logs["accum_steps"] = tf.convert_to_tensor(
-            self.optimizer.accumulation_steps
-        )
         return multi_worker_logs(logs)
 
     def test_step(self, data):

@@ -313,7 +313,6 @@ class ASSpeedTrainer:
                 trained=trained,
                 scored=scored,
             )
-        logs["accum_steps"] = self.optimizer.accumulation_steps
         return logs
 
     def test_step(self, data):

@@ -1171,6 +1171,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             # Shares of training passes: nothing to report on evaluation.
             logs.pop("trained_fraction", None)
             logs.pop("scored_fraction", None)
+        elif getattr(getattr(self, "optimizer", None), "built", False):
+            # Here, not added to a step's logs: Keras ends an epoch with
+            # these results only if they have the step's keys, else with
+            # the last step's logs (under MirroredStrategy, each replica's
+            # ratios averaged).
+            logs["accum_steps"] = self.optimizer.accumulation_steps
         return logs
 
     def predict(
