@@ -107,6 +107,9 @@ def check_no_keras_mask(loss, outputs, names=()):
             predictions as traced or computed (a subclassed model's mask
             shows only there).
         names: the model's output names, in the order of `outputs`.
+
+    Returns:
+        Whether an output carries a mask (its loss has an `ignore_class`).
     """
     names = list(names)
     if isinstance(outputs, dict):
@@ -117,9 +120,11 @@ def check_no_keras_mask(loss, outputs, names=()):
             (names[i] if i < len(names) else None, output)
             for i, output in enumerate(outputs)
         ]
+    masked = False
     for name, output in named:
         if get_keras_mask(output) is None:
             continue
+        masked = True
         output_loss = pick(loss, name, names) if name in names else loss
         if ignore_class_of(output_loss) is None:
             output = "the output" if name is None else f"output {name!r}"
@@ -132,6 +137,7 @@ def check_no_keras_mask(loss, outputs, names=()):
                 "keras_as_softmax.ASSoftmaxLoss(ignore_class=-1). "
                 f"Received: loss={output_loss!r} without `ignore_class`"
             )
+    return masked
 
 
 def row_values(loss, y, y_pred, margin=0.0):

@@ -602,11 +602,16 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         # Functional and sequential models show their masks here; a
         # subclassed model's show in the step (`compute_loss`, and the
         # filters' passes through `_filtering.row_values`).
-        _filtering.check_no_keras_mask(
+        masked = _filtering.check_no_keras_mask(
             loss,
             getattr(self.inner_model, "outputs", None) or [],
             getattr(self.inner_model, "output_names", None) or [],
         )
+        # Keras leaves the positions a Keras mask hides out of the metrics
+        # (not JAX's stateless ones), but the filtered step's predictions
+        # lose the mask: its metrics leave out the positions the loss's
+        # `ignore_class` labels instead (`_step_metrics`).
+        self._metrics_skip_ignored = masked and _BACKEND != "jax"
         for f in self.sample_filters:
             if f.needs_masking_loss and not isinstance(loss, _MASKING_LOSSES):
                 raise ValueError(
@@ -967,15 +972,6 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 f"Received outputs: {output!r}"
             )
         row_tail = tuple(output.shape[1:-1])
-        # Keras leaves the positions a Keras mask hides out of the metrics
-        # (not JAX's stateless ones), but the filtered step's predictions
-        # lose the mask: its metrics leave out the positions the loss's
-        # `ignore_class` labels (which a mask needs: `check_no_keras_mask`).
-        # A functional model shows its mask before the step.
-        self._metrics_skip_ignored = _BACKEND != "jax" and any(
-            _filtering.get_keras_mask(o) is not None
-            for o in getattr(self.inner_model, "outputs", None) or []
-        )
         leaves = [
             (tuple(np.shape(a)[1:]), _dtype(a))
             for a in keras.tree.flatten(inputs) + keras.tree.flatten(first_y)
