@@ -1968,7 +1968,20 @@ def test_weights_taken_before_the_first_fit_restart_training(tmp_path, how):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
 
 
-def test_metrics_leave_out_what_a_keras_mask_hides_as_keras_does():
+class Tagger(keras.Model):
+    """A subclassed model whose mask shows only on its predictions."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = keras.layers.Embedding(20, 8, mask_zero=True)
+        self.dense = keras.layers.Dense(5)
+
+    def call(self, inputs):
+        return self.dense(self.embed(inputs))
+
+
+@pytest.mark.parametrize("form", ["functional", "subclassed"])
+def test_metrics_leave_out_what_a_keras_mask_hides_as_keras_does(form):
     """Padding that `Embedding(mask_zero=True)` masks, labelled with the
     loss's `ignore_class`: the filtered step's metrics leave it out, as a
     plain step's do (except on JAX, whose plain metrics count it too). In
@@ -1982,9 +1995,12 @@ def test_metrics_leave_out_what_a_keras_mask_hides_as_keras_does():
 
     def fit(wrap):
         keras.utils.set_random_seed(1)
-        inputs = keras.Input((6,), dtype="int32")
-        hidden = keras.layers.Embedding(20, 8, mask_zero=True)(inputs)
-        model = wrap(keras.Model(inputs, keras.layers.Dense(5)(hidden)))
+        if form == "subclassed":
+            model = wrap(Tagger())
+        else:
+            inputs = keras.Input((6,), dtype="int32")
+            hidden = keras.layers.Embedding(20, 8, mask_zero=True)(inputs)
+            model = wrap(keras.Model(inputs, keras.layers.Dense(5)(hidden)))
         model.compile(
             keras.optimizers.SGD(0.5),
             kas.ASSoftmaxLoss(1.0, ignore_class=-1),

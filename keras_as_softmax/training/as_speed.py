@@ -600,8 +600,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 )
         self._check_no_metric_named_masked_ratio()
         # Functional and sequential models show their masks here; a
-        # subclassed model's show in the step (`compute_loss`, and the
-        # filters' passes through `_filtering.row_values`).
+        # subclassed model's show in the step (`_check_step_mask`).
         masked = _filtering.check_no_keras_mask(
             loss,
             getattr(self.inner_model, "outputs", None) or [],
@@ -727,11 +726,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     def compute_loss(
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
     ):
-        # A subclassed model's Keras mask shows only on its predictions, as
-        # the step is traced (or run, on eager PyTorch): refused before the
-        # loss reads its labels and before anything is updated.
-        names = getattr(self.inner_model, "output_names", None) or []
-        _filtering.check_no_keras_mask(self.loss, y_pred, names)
+        self._check_step_mask(y_pred)
         return super().compute_loss(
             x=x,
             y=y,
@@ -739,6 +734,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             sample_weight=sample_weight,
             training=training,
         )
+
+    def _check_step_mask(self, y_pred):
+        """A subclassed model's Keras mask shows only on its predictions,
+        as the step is traced (or run, on eager PyTorch): refused before
+        the loss reads its labels and before anything is updated, and
+        followed by the filtered step's metrics (`_check_compiled`)."""
+        names = getattr(self.inner_model, "output_names", None) or []
+        if _filtering.check_no_keras_mask(self.loss, y_pred, names):
+            self._metrics_skip_ignored = _BACKEND != "jax"
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         # Evaluation counts masked rows here; train steps count them where
