@@ -19,9 +19,10 @@ class LastSeenFilter(MemoryFilter):
     a candidate for leaving out when `candidates(...)` says so. A
     candidate is still trained on with probability `revisit` and then
     weighted `1 / revisit`, so that the expected gradient is the full one.
-    At most `max_skipped_fraction` of a batch is left out: when a batch
-    holds more candidates, its revisit probability rises to keep the cap,
-    and the weight follows it.
+    At most `max_skipped_fraction` of a batch is left out on average: when
+    a batch holds more candidates, its revisit probability rises to keep
+    the cap in expectation, and the weight follows it. Each candidate is
+    drawn on its own, so one batch may leave out more than the cap.
 
     The batches carry each sample's id: wrap the inputs with
     `keras_as_softmax.filters.with_sample_ids` (arrays) or
@@ -135,10 +136,11 @@ class SkipMaskedLastSeen(LastSeenFilter):
     last seen is revisited with probability `revisit` and then weighted
     `1 / revisit`, so the expected gradient equals the full one
     (InfoBatch's rescaling, Qin et al. 2024). At most
-    `max_skipped_fraction` of a batch is left out: when more of it was
-    masked, the revisit probability of that batch rises to keep the cap,
-    and the weight follows it. Samples never seen count as not masked, so
-    the first epoch trains on everything.
+    `max_skipped_fraction` of a batch is left out on average: when more
+    of it was masked, the revisit probability of that batch rises to keep
+    the cap in expectation, and the weight follows it (one batch may leave
+    out more, as each sample is drawn on its own). Samples never seen
+    count as not masked, so the first epoch trains on everything.
 
     What the memory says goes stale: a left-out sample is not seen, and
     some of them have a gradient again epochs later. With
@@ -155,7 +157,7 @@ class SkipMaskedLastSeen(LastSeenFilter):
             `[0, num_samples)`).
         revisit: probability in (0, 1] that a sample masked when last seen
             is trained on anyway. Defaults to `0.5`.
-        max_skipped_fraction: the largest share of a batch left out
+        max_skipped_fraction: the largest expected share of a batch left out
             without a pass, in [0, 1]. Defaults to `0.75`.
         seed: optional int seed of the revisit draws.
         max_skipped_epochs: `None` (the default), or an int >= 1: the most
