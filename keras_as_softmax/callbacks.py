@@ -27,6 +27,20 @@ def find_delta_variables(objects):
     return found
 
 
+def check_deltas(objects):
+    """Reads the `delta` variables among `objects` (`find_delta_variables`)
+    once, before training: a loss checks its delta when made, and a value
+    assigned since (`loss.delta.assign(...)`) is checked here."""
+    for variable in find_delta_variables(objects):
+        value = float(keras.ops.convert_to_numpy(variable))
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(
+                "Expected a loss's `delta` to be in [0, 1]. Received: its "
+                f"`delta` variable holds {value} (assigned after the loss "
+                "was made)"
+            )
+
+
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
 class DeltaWarmup(keras.callbacks.Callback):
     """Trains with `delta = 1` (plain softmax) for the first steps.
@@ -94,6 +108,7 @@ class DeltaWarmup(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         sources = self.losses if self.losses is not None else [self.model.loss]
+        check_deltas(sources)
         self._variables = find_delta_variables(sources)
         if not self._variables:
             raise ValueError(

@@ -986,6 +986,26 @@ def test_delta_warmup_validates_and_fits_again_with_the_delta_it_set(wrap):
 
 
 @pytest.mark.parametrize("wrap", [False, True], ids=["keras", "as_speed"])
+@pytest.mark.parametrize("bad", [-0.5, 1.7, float("nan")])
+def test_a_delta_assigned_outside_0_1_is_refused_before_training(wrap, bad):
+    """A loss checks `delta` when made; a value assigned to its variable
+    since is checked by `ASSpeed.fit`, and by `DeltaWarmup` (a plain
+    model), before the first batch."""
+    x, y = data(32)
+    loss = kas.ASSoftmaxLoss(0.3)
+    model = make_model()
+    wrapped = kas.ASSpeed(model) if wrap else model
+    wrapped.compile(optimizer="sgd", loss=loss, jit_compile=JIT)
+    before = [w.copy() for w in model.get_weights()]
+    loss.delta.assign(bad)
+    callbacks = [] if wrap else [kas.DeltaWarmup(warmup_ratio=0.5)]
+    with pytest.raises(ValueError, match=r"delta.*\[0, 1\].*holds"):
+        wrapped.fit(x, y, batch_size=16, verbose=0, callbacks=callbacks)
+    for old, new in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(old, new)
+
+
+@pytest.mark.parametrize("wrap", [False, True], ids=["keras", "as_speed"])
 def test_delta_warmup_resumed_at_an_epoch_goes_on_from_that_epoch(wrap):
     """Steps count from epoch 0: a `fit` resumed at `initial_epoch=2` of 4
     with half the steps warm trains at the chosen delta throughout, and

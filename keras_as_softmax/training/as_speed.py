@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_as_softmax import filters as filters_lib
 from keras_as_softmax._validation import check_int
+from keras_as_softmax.callbacks import check_deltas
 from keras_as_softmax._validation import check_positive
 from keras_as_softmax.filters.sample_ids import text_as_arrays
 from keras_as_softmax.losses import ASSoftmaxLoss
@@ -575,6 +576,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "model's)."
             )
         loss = self.loss
+        check_deltas([loss])
         if self.masked_outputs:
             self._check_masked_outputs(loss)
         elif not isinstance(loss, keras.losses.Loss):
