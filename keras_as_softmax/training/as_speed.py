@@ -10,8 +10,8 @@ from keras import ops
 
 from keras_as_softmax import filters as filters_lib
 from keras_as_softmax._validation import check_int
-from keras_as_softmax.callbacks import check_deltas
 from keras_as_softmax._validation import check_positive
+from keras_as_softmax.callbacks import check_deltas
 from keras_as_softmax.filters.sample_ids import text_as_arrays
 from keras_as_softmax.losses import ASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
