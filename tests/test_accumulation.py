@@ -100,6 +100,9 @@ def test_rules_are_plug_ins():
         accumulation.as_rule("four")
     with pytest.raises(ValueError, match="`steps_rule`.*steps_rule=0"):
         accumulation.as_rule(0)
+    assert accumulation.as_rule(np.int64(2)).initial_steps == 2
+    with pytest.raises(ValueError, match="`steps_rule`.*steps_rule=True"):
+        accumulation.as_rule(True)
     with pytest.raises(ValueError, match="lam"):
         kas.AdaptiveSteps(lam=0.0)
     with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):
@@ -260,7 +263,8 @@ def test_optimizer_round_trips_and_forwards_to_the_inner():
 
 
 @pytest.mark.parametrize(
-    "argument", ["clipnorm", "global_clipnorm", "weight_decay", "use_ema"]
+    "argument",
+    ["learning_rate", "clipnorm", "global_clipnorm", "weight_decay", "use_ema"],
 )
 def test_optimizer_refuses_update_arguments_meant_for_the_inner(argument):
     # Set on the wrapper, they would act on nothing.

@@ -527,6 +527,33 @@ def test_mixed_precision_trains_without_nan(policy):
     assert wrapped.accumulation_steps >= 2
 
 
+@pytest.mark.parametrize("wrap", [False, True], ids=["keras", "as_speed"])
+def test_an_accumulating_optimizer_keeps_one_window_under_mixed_float16(wrap):
+    """Keras's `compile` wraps the optimizer with a `LossScaleOptimizer`:
+    `ASSpeed` moves the scaling inside the window passed in (it added a
+    second window), and a plain model trains with the scaled window on
+    every backend (on JAX its conditional returned variables)."""
+    keras.config.set_dtype_policy("mixed_float16")
+    x, y = data(64)
+    model = make_model()
+    wrapped = kas.ASSpeed(model) if wrap else model
+    wrapped.compile(
+        optimizer=kas.AccumulatingOptimizer(keras.optimizers.Adam(0.01), 2),
+        loss=kas.ASSoftmaxLoss(0.3),
+        jit_compile=JIT,
+    )
+    history = wrapped.fit(x, y, batch_size=8, epochs=2, verbose=0).history
+    window = wrapped.optimizer if wrap else wrapped.optimizer.inner_optimizer
+    assert isinstance(window, kas.AccumulatingOptimizer)
+    assert int(ops.convert_to_numpy(window.iterations)) == 2 * 64 // 8 // 2
+    if wrap:
+        assert isinstance(
+            window.inner_optimizer, keras.optimizers.LossScaleOptimizer
+        )
+        assert history["accum_steps"] == [2.0, 2.0]
+    assert all(np.all(np.isfinite(w)) for w in model.get_weights())
+
+
 def test_batch_normalization_updates_statistics_every_micro_batch():
     # With a zero learning rate the weights stay put, so the moving statistics
     # must equal those of the unwrapped model fed the same micro-batches.

@@ -17,6 +17,7 @@ if accumulation.is_due(state):  # a compiled conditional in the optimizer
 ```
 """
 
+import numbers
 from typing import NamedTuple
 
 import keras
@@ -273,7 +274,7 @@ def as_rule(rule):
     """A rule from an int (`FixedSteps`) or a callable `(steps, rows,
     masked_rows) -> steps` (a callable without `initial_steps` starts at
     one micro-batch)."""
-    if isinstance(rule, int) and not isinstance(rule, bool):
+    if isinstance(rule, numbers.Integral):
         return FixedSteps(check_int(rule, "steps_rule", 1))
     if not callable(rule):
         raise ValueError(

@@ -479,6 +479,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         passed in is kept. With a sample filter, the optimizer adds the
         weights' penalties to each update (`regularize_weights`)."""
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
+        self._scale_inside_window()
         if self.optimizer is not None and not isinstance(
             self.optimizer, AccumulatingOptimizer
         ):
@@ -493,6 +494,30 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         if self.sample_filters and self.optimizer is not None:
             # The training passes leave the weights' penalties out.
             self.optimizer.regularize_weights = True
+
+    def _scale_inside_window(self):
+        """Under `mixed_float16`, Keras's `compile` wraps an
+        `AccumulatingOptimizer` passed in with a `LossScaleOptimizer`: the
+        scaling moves inside the window, where `ASSpeed` puts it for an
+        optimizer it wraps itself, so there is one window."""
+        scaling = self.optimizer
+        if not isinstance(
+            scaling, keras.optimizers.LossScaleOptimizer
+        ) or not isinstance(scaling.inner_optimizer, AccumulatingOptimizer):
+            return
+        window = scaling.inner_optimizer
+        if not isinstance(
+            window.inner_optimizer, keras.optimizers.LossScaleOptimizer
+        ):
+            with self._strategy_scope():
+                window.inner_optimizer = keras.optimizers.LossScaleOptimizer(
+                    window.inner_optimizer,
+                    initial_scale=scaling.initial_scale,
+                    dynamic_growth_steps=scaling.dynamic_growth_steps,
+                )
+            if window.built:
+                window.inner_optimizer.build(window._trainable_variables)
+        self.optimizer = window
 
     def compile_from_config(self, config):
         config = keras.saving.deserialize_keras_object(config)

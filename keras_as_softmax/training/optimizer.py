@@ -10,6 +10,7 @@ from keras_as_softmax.training import accumulation
 # The base optimizer's arguments that act on an update: the inner
 # optimizer's to set.
 _INNER_ONLY = (
+    "learning_rate",
     "weight_decay",
     "clipnorm",
     "clipvalue",
@@ -257,7 +258,9 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
                 "built: call `optimizer.build(trainable_variables)`."
             )
         n = len(self.grad_sums)
-        values = list(optimizer_variables)
+        # Values: `LossScaleOptimizer` passes its inner optimizer's
+        # variables themselves, which no conditional may return.
+        values = [getattr(v, "value", v) for v in optimizer_variables]
         inner = values[n + 1 :]
         window = self._values(values[:n], values[n])
         window = accumulation.add(window, self._pack(grads), rows, masked_rows)
