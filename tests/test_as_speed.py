@@ -506,6 +506,19 @@ def test_subclassed_model():
     wrapped.compile(optimizer="adam", loss=kas.ASSoftmaxLoss(), jit_compile=JIT)
     history = wrapped.fit(x, y, batch_size=8, epochs=2, verbose=0)
     assert history.history["scored_fraction"][-1] == 1.0
+    # Built by `build(input_shape)`, which Keras allows without weights
+    # when the class has no `build` of its own: weights at the first call.
+    for sample_filter in (None, always):
+        unweighted = Classifier()
+        unweighted.build((None, 6))
+        assert unweighted.built and not unweighted.weights
+        wrapped = kas.ASSpeed(unweighted, sample_filter=sample_filter)
+        wrapped.compile(
+            optimizer="adam", loss=kas.ASSoftmaxLoss(), jit_compile=JIT
+        )
+        history = wrapped.fit(x, y, batch_size=8, epochs=2, verbose=0)
+        assert len(unweighted.trainable_weights) == 4
+        assert np.isfinite(history.history["loss"][-1])
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])

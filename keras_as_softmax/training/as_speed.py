@@ -206,7 +206,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         )
         self._filter_spec = None
         self._start_steps = None
-        if model.built:
+        # A subclassed model built by `build(input_shape)` without a
+        # `build` method of its own creates its weights on its first call.
+        if model.built and model.variables:
             self._create_state()
             self.built = True
         if filter_spec is not None:
