@@ -481,6 +481,21 @@ def test_training_outside_its_own_fit_warns_once(sample_filter):
     assert "without accumulation or sample filters" in str(nested[0].message)
 
 
+@pytest.mark.parametrize("method", ["train_step", "compute_loss"])
+def test_a_model_with_its_own_step_is_refused_by_name(method):
+    """`ASSpeed` runs its own steps: a model's own `train_step` or
+    `compute_loss` (an extra loss term) would silently not run."""
+
+    class Custom(keras.Model):
+        pass
+
+    setattr(Custom, method, lambda self, *args, **kwargs: None)
+    inputs = keras.Input((6,))
+    model = Custom(inputs, keras.layers.Dense(4)(inputs))
+    with pytest.raises(ValueError, match=f"Custom overrides {method}$"):
+        kas.ASSpeed(model)
+
+
 def test_subclassed_model():
     class Classifier(keras.Model):
         def __init__(self, **kwargs):

@@ -58,6 +58,8 @@ else:
 
 _FILTER_REDUCTIONS = ("sum_over_batch_size", "sum")
 _MASKING_LOSSES = (ASSoftmaxLoss, MultiLabelASSoftmaxLoss)
+# The steps `ASSpeed` runs in place of the wrapped model's.
+_KERAS_STEP = ("train_step", "test_step", "compute_loss", "compute_metrics")
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -193,6 +195,20 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         if isinstance(model, ASSpeed):
             raise ValueError(
                 "Expected an unwrapped model. Received: an ASSpeed model."
+            )
+        own = [
+            name
+            for name in _KERAS_STEP
+            if getattr(type(model), name) is not getattr(keras.Model, name)
+        ]
+        if own:
+            raise ValueError(
+                "ASSpeed trains with its own steps around the model's "
+                f"forward pass, so {type(model).__name__}'s own "
+                f"{', '.join(own)} would not run. Expected a model that "
+                f"keeps keras.Model's {', '.join(_KERAS_STEP)} (a loss term "
+                "of its own goes in `add_loss`, a metric in `compile`). "
+                f"Received: {type(model).__name__} overrides {', '.join(own)}"
             )
         super().__init__(**kwargs)
         self.inner_model = model
