@@ -744,9 +744,27 @@ def joint_data(n=64, seed=0):
     return x, {"intent": intent, "slots": slots}
 
 
-def test_several_outputs_count_the_named_output():
+class SubclassedJoint(keras.Model):
+    """`joint_model` in a subclassed model, which names no outputs: its
+    dict of losses does."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = joint_model()
+
+    def call(self, inputs):
+        return self.net(inputs)
+
+
+@pytest.mark.parametrize("form", ["functional", "subclassed"])
+def test_several_outputs_count_the_named_output(form):
     x, y = joint_data()
-    wrapped = kas.ASSpeed(joint_model(), masked_outputs="intent")
+    joint = joint_model() if form == "functional" else SubclassedJoint()
+    with pytest.raises(ValueError, match="one loss.*for the outputs"):
+        one_loss = kas.ASSpeed(joint)
+        one_loss.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
+        one_loss.fit(x, y, batch_size=16, verbose=0)
+    wrapped = kas.ASSpeed(joint, masked_outputs="intent")
     wrapped.compile(
         optimizer=keras.optimizers.Adam(0.05),
         loss={

@@ -187,6 +187,7 @@ class _Hooks:
             y_pred, updated, losses = model.stateless_call(
                 trainable, non_trainable, x, return_losses=True, training=True
             )
+            model._check_step_outputs(y_pred)
             values = _filtering.row_values(model.loss, y, y_pred)
             penalty = _filtering.penalty(model, losses)
             loss = keras.ops.sum(coefficients * values) + penalty

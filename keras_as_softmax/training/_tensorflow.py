@@ -191,7 +191,7 @@ class _Hooks:
         variables = model.trainable_variables
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            model._check_step_mask(y_pred)
+            model._check_step_outputs(y_pred)
             values = _filtering.row_values(model.loss, y, y_pred)
             penalty = _filtering.penalty(model, model.losses)
             loss = tf.reduce_sum(coefficients * values) + penalty

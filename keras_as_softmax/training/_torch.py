@@ -216,7 +216,7 @@ class _Hooks:
         variables = model.trainable_variables
         with torch.enable_grad():
             y_pred = model.inner_model(x, training=True)
-            model._check_step_mask(y_pred)
+            model._check_step_outputs(y_pred)
             model.zero_grad()
             values = _filtering.row_values(model.loss, y, y_pred)
             penalty = _filtering.penalty(model, model.losses)
@@ -240,7 +240,7 @@ class _Hooks:
         model = self.model
         if not model._score_training:
             y_pred = model.inner_model(x, training=False)
-            model._check_step_mask(y_pred)
+            model._check_step_outputs(y_pred)
             return y_pred, _filtering.penalty(model, model.losses)
         saved_variables = [
             v
@@ -249,7 +249,7 @@ class _Hooks:
         ]
         saved = [v.value.clone() for v in saved_variables]
         y_pred = model.inner_model(x, training=True)
-        model._check_step_mask(y_pred)
+        model._check_step_outputs(y_pred)
         for v, value in zip(saved_variables, saved):
             v.assign(value)
         return y_pred, _filtering.penalty(model, model.losses)

@@ -215,7 +215,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self.lam = check_positive(lam, "lam")
         self.max_steps = check_int(max_steps, "max_steps", 1)
         self.sample_filters = filters_lib.as_list(sample_filter)
-        self.masked_outputs = _output_names(masked_outputs)
+        self.masked_outputs = _as_output_names(masked_outputs)
         self.shares_tracker = _StepShares(
             filters=bool(self.sample_filters),
             scoring=self._scoring_filter is not None,
@@ -631,25 +631,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "`ASSpeed(..., masked_outputs=[...])`. "
                 f"Received: loss={loss!r}"
             )
-        else:
-            outputs = list(
-                getattr(self.inner_model, "output_names", None) or []
-            )
-            if len(outputs) > 1:
-                raise ValueError(
-                    "ASSpeed counts masked rows of one loss. For a model with "
-                    "several outputs, compile a dict of losses, one per "
-                    "output, and name the outputs whose AS loss counts with "
-                    "`ASSpeed(..., masked_outputs=[...])`. Received: one "
-                    f"loss, {loss!r}, for the outputs {outputs}"
-                )
+        elif len(self._output_names()) > 1:
+            raise _one_loss_for_outputs(loss, self._output_names())
         self._check_no_metric_named_masked_ratio()
         # Functional and sequential models show their masks here; a
-        # subclassed model's show in the step (`_check_step_mask`).
+        # subclassed model's show in the step (`_check_step_outputs`).
         masked = _filtering.check_no_keras_mask(
             loss,
             getattr(self.inner_model, "outputs", None) or [],
-            getattr(self.inner_model, "output_names", None) or [],
+            self._output_names(),
         )
         # Keras leaves the positions a Keras mask hides out of the metrics
         # (not JAX's stateless ones), but the filtered step's predictions
@@ -705,8 +695,16 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                     f"Received: metrics with {metric!r} named 'masked_ratio'"
                 )
 
-    def _check_masked_outputs(self, loss):
+    def _output_names(self):
+        """The inner model's output names; a subclassed model has none
+        before its step, and a dict of losses names its dict outputs."""
         names = list(getattr(self.inner_model, "output_names", None) or [])
+        if not names and isinstance(self.loss, dict):
+            names = list(self.loss)
+        return names
+
+    def _check_masked_outputs(self, loss):
+        names = self._output_names()
         if self.sample_filters:
             raise ValueError(
                 "ASSpeed's sample filters need a model with one output and "
@@ -743,7 +741,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         one loss, or summed over `masked_outputs`."""
         if not self.masked_outputs:
             return count_masked_rows(self.loss, y, y_pred, sample_weight)
-        names = list(self.inner_model.output_names)
+        names = self._output_names()
         masked = counted = 0.0
         for name in self.masked_outputs:
             weight = sample_weight
@@ -771,7 +769,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     def compute_loss(
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
     ):
-        self._check_step_mask(y_pred)
+        self._check_step_outputs(y_pred)
         return super().compute_loss(
             x=x,
             y=y,
@@ -780,12 +778,18 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             training=training,
         )
 
-    def _check_step_mask(self, y_pred):
-        """A subclassed model's Keras mask shows only on its predictions,
-        as the step is traced (or run, on eager PyTorch): refused before
-        the loss reads its labels and before anything is updated, and
-        followed by the filtered step's metrics (`_check_compiled`)."""
-        names = getattr(self.inner_model, "output_names", None) or []
+    def _check_step_outputs(self, y_pred):
+        """A subclassed model's outputs and Keras mask show only on its
+        predictions, as the step is traced (or run, on eager PyTorch):
+        refused before the loss reads its labels and before anything is
+        updated; a mask is followed by the filtered step's metrics
+        (`_check_compiled`)."""
+        names = self._output_names()
+        outputs = keras.tree.flatten(y_pred)
+        if isinstance(self.loss, keras.losses.Loss) and len(outputs) > 1:
+            if isinstance(y_pred, dict):
+                names = list(y_pred)
+            raise _one_loss_for_outputs(self.loss, names or len(outputs))
         if _filtering.check_no_keras_mask(self.loss, y_pred, names):
             self._metrics_skip_ignored = _BACKEND != "jax"
 
@@ -1473,7 +1477,19 @@ def _spec_difference(expected, received):
     )
 
 
-def _output_names(masked_outputs):
+def _one_loss_for_outputs(loss, outputs):
+    """The error for one loss compiled for several `outputs` (names, or
+    their number)."""
+    return ValueError(
+        "ASSpeed counts masked rows of one loss. For a model with several "
+        "outputs, compile a dict of losses, one per output, and name the "
+        "outputs whose AS loss counts with "
+        f"`ASSpeed(..., masked_outputs=[...])`. Received: one loss, "
+        f"{loss!r}, for the outputs {outputs}"
+    )
+
+
+def _as_output_names(masked_outputs):
     if masked_outputs is None:
         return None
     names = masked_outputs
