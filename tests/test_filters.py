@@ -1151,6 +1151,80 @@ def test_batches_of_another_length_are_refused_by_name():
         wrapped.fit(batches(), steps_per_epoch=4, verbose=0)
 
 
+def test_a_batch_larger_than_the_first_is_refused_by_name():
+    """The queues hold passes of the first batch's size: a larger batch
+    later (a generator's) is refused, not trained on rows that overflow
+    (on TensorFlow, where the size is unknown until the step runs, as the
+    graph runs)."""
+    rng = np.random.default_rng(0)
+
+    def batches():
+        for size in (8, 16, 16):
+            x = rng.standard_normal((size, 6)).astype("float32")
+            yield x, x[:, :NUM_CLASSES].argmax(-1).astype("int32")
+
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Dense(NUM_CLASSES)(inputs))
+    wrapped = kas.ASSpeed(model, sample_filter=filters.SkipMasked())
+    wrapped.compile(
+        optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT[0]
+    )
+    expected = ValueError
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        expected = tf.errors.InvalidArgumentError
+    with pytest.raises(expected, match="size, 8: a larger batch"):
+        wrapped.fit(batches(), steps_per_epoch=3, verbose=0)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="ragged inputs: TF")
+def test_ragged_inputs_are_refused_by_name():
+    import tensorflow as tf
+
+    class ToDense(keras.layers.Layer):
+        def call(self, x):
+            return x.to_tensor(shape=(None, 8))
+
+        def compute_output_spec(self, x):
+            return keras.KerasTensor((x.shape[0], 8), "int32")
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, NUM_CLASSES, 16).astype("int32")
+    rows = [[1] * int(rng.integers(1, 6)) for _ in y]
+    data = tf.data.Dataset.from_tensor_slices((tf.ragged.constant(rows), y))
+    inputs = keras.Input((None,), dtype="int32", ragged=True)
+    hidden = keras.layers.Embedding(8, 4)(ToDense()(inputs))
+    outputs = keras.layers.Dense(NUM_CLASSES)(keras.layers.Flatten()(hidden))
+    wrapped = kas.ASSpeed(
+        keras.Model(inputs, outputs), sample_filter=filters.SkipMasked()
+    )
+    wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
+    with pytest.raises(ValueError, match="one shape.*ragged.*\\[\\(None,\\)"):
+        wrapped.fit(data.batch(8), verbose=0)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [{"steps_per_epoch": 2}, {"batch_size": 64, "validation_split": 0.5}],
+    ids=["steps_per_epoch", "validation_split"],
+)
+def test_array_batches_keras_draws_size_the_queues(how):
+    """Arrays without `batch_size` are drawn in `steps_per_epoch` equal
+    batches, and `validation_split` leaves fewer samples to draw: the
+    queues take the size Keras draws, and every batch trains, as without
+    a filter."""
+    x, y = sentence_data(96)
+    always = filters.SkipMasked(0.0, warmup_epochs=0)
+    wrapped = kas.ASSpeed(small_model(), max_steps=1, sample_filter=always)
+    wrapped.compile(
+        optimizer="sgd", loss=kas.ASSoftmaxLoss(1.0), jit_compile=JIT[0]
+    )
+    logs = wrapped.fit(x, y, epochs=2, verbose=0, **how).history
+    assert wrapped._filter_batch_size == 48
+    assert logs["trained_fraction"] == [1.0, 1.0]
+
+
 def test_train_on_batch_continues_a_fit():
     """A filter's state is shaped by `fit`'s data and scheduled by its
     epochs: `train_on_batch` before any fit says so; after one it trains."""

@@ -32,8 +32,12 @@ def _put_back(first, rest):
     yield from rest
 
 
-def first_batch(x, y, sample_weight, batch_size):
-    """The first batch `fit` will draw, read without using the data up.
+def first_batch(
+    x, y, sample_weight, batch_size, steps_per_epoch=None, validation_split=0.0
+):
+    """The first batch `fit` will draw, read without using the data up:
+    of arrays, Keras's batch (`batch_size`, else one of `steps_per_epoch`
+    equal batches, else 32) of the share left after `validation_split`.
 
     Returns:
         `((x, y, sample_weight), x)`: the first batch, and the data to
@@ -54,7 +58,14 @@ def first_batch(x, y, sample_weight, batch_size):
             "arrays, a tf.data.Dataset, a keras.utils.PyDataset, a torch "
             "DataLoader or a generator"
         )
-        size = batch_size or 32
+        leaves = keras.tree.flatten((x, y, sample_weight))
+        first_leaf = next((t for t in leaves if t is not None), None)
+        samples = 0 if first_leaf is None else int(np.shape(first_leaf)[0])
+        samples = int(math.floor(samples * (1.0 - validation_split)))
+        size = batch_size or (
+            math.ceil(samples / steps_per_epoch) if steps_per_epoch else 32
+        )
+        size = max(1, min(size, samples))
         first = tuple(
             _slice(t, 0, size, expected) for t in (x, y, sample_weight)
         )

@@ -910,7 +910,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 validation_batch_size = None
         if self.sample_filters:
             x = self._prepare_filters(
-                x, y, sample_weight, batch_size, steps_per_epoch
+                x,
+                y,
+                sample_weight,
+                batch_size,
+                steps_per_epoch,
+                validation_split,
             )
             callbacks = [*(callbacks or []), _EpochSchedule(epochs)]
         x, y, sample_weight = self._with_preprocessor(
@@ -938,12 +943,18 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         )
 
     def _prepare_filters(
-        self, x, y, sample_weight, batch_size, steps_per_epoch
+        self,
+        x,
+        y,
+        sample_weight,
+        batch_size,
+        steps_per_epoch,
+        validation_split,
     ):
         """Checks the data against the filters and builds their state,
         before the first batch. Returns the data to train on."""
         (first_x, first_y, first_w), x = _data.first_batch(
-            x, y, sample_weight, batch_size
+            x, y, sample_weight, batch_size, steps_per_epoch, validation_split
         )
         if first_y is None:
             raise ValueError(
@@ -1029,6 +1040,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             (tuple(np.shape(a)[1:]), _dtype(a))
             for a in keras.tree.flatten(inputs) + keras.tree.flatten(first_y)
         ]
+        if any(None in shape for shape, _ in leaves):
+            raise ValueError(
+                "ASSpeed's sample filters queue rows of one shape, the first "
+                "batch's: pad every batch to the same length (for tf.data, "
+                "`padded_batch` with fixed `padded_shapes`; ragged inputs "
+                "to dense ones), or train without a filter. Received "
+                "inputs and labels of shapes "
+                f"{[shape for shape, _ in leaves]} after the batch axis"
+            )
         row = (row_tail, "float32")
         leaves += [row, row, ((), "int32"), ((), "float32"), ((), "float32")]
         spec = {
@@ -1061,6 +1081,24 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         expected = [tuple(s) for s, _ in self._filter_spec["leaves"]]
         expected = expected[: len(leaves)]
         received = [tuple(leaf.shape[1:]) for leaf in leaves]
+        size = self._filter_spec["batch_size"]
+        batch = leaves[0].shape[0]
+        too_large = (
+            "ASSpeed's sample filters queue rows for passes of the first "
+            f"batch's size, {size}: a larger batch would overflow them. "
+            "Expected batches of at most the first one's size (arrays: give "
+            "`batch_size`). Received a batch of "
+        )
+        if batch is not None and batch > size:
+            raise ValueError(f"{too_large}{batch}")
+        if batch is None and _BACKEND == "tensorflow":
+            # Known as the graph runs, and checked there (an XLA program
+            # would skip the check).
+            import tensorflow as tf
+
+            tf.debugging.assert_less_equal(
+                tf.shape(leaves[0])[0], size, message=too_large
+            )
         if any(
             len(r) != len(e) or any(a not in (None, b) for a, b in zip(r, e))
             for r, e in zip(received, expected)
