@@ -972,16 +972,17 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             )
         last_seen = self._memory_filter
         if last_seen is not None:
+            data_kind = _data.kind(x)
             if ids is None:
                 raise ValueError(
                     f"{type(last_seen).__name__} needs each sample's id. "
                     "Expected "
                     "inputs made by keras_as_softmax.filters.with_sample_ids "
                     "(arrays) or index_dataset (a tf.data.Dataset): a dict "
-                    "{'inputs': x, 'sample_id': ids}. Received inputs of type "
+                    "{'inputs': x, 'sample_id': ids}. Received: "
+                    f"{data_kind} whose inputs are of type "
                     f"{type(first_x).__name__}"
                 )
-            data_kind = _data.kind(x)
             if data_kind not in ("tf.data.Dataset", "arrays"):
                 raise ValueError(
                     f"{type(last_seen).__name__} checks the sample ids of "
