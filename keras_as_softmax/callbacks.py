@@ -32,7 +32,7 @@ def check_deltas(objects):
     once, before training: a loss checks its delta when made, and a value
     assigned since (`loss.delta.assign(...)`) is checked here."""
     for variable in find_delta_variables(objects):
-        value = float(keras.ops.convert_to_numpy(variable))
+        value = float(variable.value)
         if not 0.0 <= value <= 1.0:
             raise ValueError(
                 "Expected a loss's `delta` to be in [0, 1]. Received: its "
