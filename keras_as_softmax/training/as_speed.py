@@ -494,8 +494,10 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         """`keras.Model.compile`, with the optimizer wrapped in a
         `keras_as_softmax.AccumulatingOptimizer` that follows the paper's
         rule (`AdaptiveSteps(lam, max_steps)`); an `AccumulatingOptimizer`
-        passed in is kept. With a sample filter, the optimizer adds the
-        weights' penalties to each update (`regularize_weights`)."""
+        passed in is kept, its rule in place of `lam` and `max_steps` (under
+        `mixed_float16` with the loss scaling inside it). With a sample
+        filter, the optimizer adds the weights' penalties to each update
+        (`regularize_weights`)."""
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
         self._scale_inside_window()
         if self.optimizer is not None and not isinstance(
