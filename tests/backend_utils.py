@@ -1,4 +1,5 @@
-"""Backend-specific test helpers: gradients and compiled calls."""
+"""Shared test helpers: gradients and compiled calls on each backend, and
+a subclassed model whose Keras mask shows only on its predictions."""
 
 import keras
 import numpy as np
@@ -49,3 +50,16 @@ def compiled(fn):
 
 def to_numpy(x):
     return ops.convert_to_numpy(x)
+
+
+class MaskedTagger(keras.Model):
+    """A subclassed token tagger whose output carries the embedding's mask:
+    its symbolic outputs do not show it, its traced and eager calls do."""
+
+    def __init__(self, width=4, classes=3, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = keras.layers.Embedding(20, width, mask_zero=True)
+        self.dense = keras.layers.Dense(classes)
+
+    def call(self, tokens):
+        return self.dense(self.embedding(tokens))

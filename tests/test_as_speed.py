@@ -10,6 +10,7 @@ from keras import ops
 import keras_as_softmax as kas
 from keras_as_softmax.training.accumulation import next_accumulation_steps
 from tests.backend_utils import BACKEND
+from tests.backend_utils import MaskedTagger
 
 JIT = BACKEND in ("tensorflow", "jax")  # XLA; PyTorch runs eagerly.
 
@@ -623,19 +624,6 @@ def test_batch_normalization_updates_statistics_every_micro_batch():
     )
 
 
-class _MaskedTagger(keras.Model):
-    """A subclassed token tagger whose output carries the embedding's mask:
-    its symbolic outputs do not show it, its traced and eager calls do."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.embedding = keras.layers.Embedding(20, 4, mask_zero=True)
-        self.dense = keras.layers.Dense(3)
-
-    def call(self, tokens):
-        return self.dense(self.embedding(tokens))
-
-
 @pytest.mark.parametrize("kind", ["functional", "subclassed"])
 def test_keras_masks_need_ignore_class(kind):
     """ASSpeed counts rows by their labels: a model whose output carries a
@@ -656,7 +644,7 @@ def test_keras_masks_need_ignore_class(kind):
         labels = y if ignores else y_padding_as_class
         keras.utils.set_random_seed(1)
         if kind == "subclassed":
-            model = _MaskedTagger()
+            model = MaskedTagger()
             model(tokens[:1])
         else:
             inputs = keras.Input((5,), dtype="int32")

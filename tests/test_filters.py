@@ -17,6 +17,7 @@ from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import _layout
 from keras_as_softmax.training import _queue
 from tests.backend_utils import BACKEND
+from tests.backend_utils import MaskedTagger
 
 # `jit_compile` values, through the fixture below: on TensorFlow also
 # "one_program", XLA with a filtered step in one program.
@@ -2042,18 +2043,6 @@ def test_weights_taken_before_the_first_fit_restart_training(tmp_path, how):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
 
 
-class Tagger(keras.Model):
-    """A subclassed model whose mask shows only on its predictions."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = keras.layers.Embedding(20, 8, mask_zero=True)
-        self.dense = keras.layers.Dense(5)
-
-    def call(self, inputs):
-        return self.dense(self.embed(inputs))
-
-
 @pytest.mark.parametrize("form", ["functional", "subclassed"])
 def test_metrics_leave_out_what_a_keras_mask_hides_as_keras_does(form):
     """Padding that `Embedding(mask_zero=True)` masks, labelled with the
@@ -2070,7 +2059,7 @@ def test_metrics_leave_out_what_a_keras_mask_hides_as_keras_does(form):
     def fit(wrap):
         keras.utils.set_random_seed(1)
         if form == "subclassed":
-            model = wrap(Tagger())
+            model = wrap(MaskedTagger(width=8, classes=5))
         else:
             inputs = keras.Input((6,), dtype="int32")
             hidden = keras.layers.Embedding(20, 8, mask_zero=True)(inputs)
