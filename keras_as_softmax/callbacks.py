@@ -32,7 +32,12 @@ def check_deltas(objects):
     once, before training: a loss checks its delta when made, and a value
     assigned since (`loss.delta.assign(...)`) is checked here."""
     for variable in find_delta_variables(objects):
-        value = float(variable.value)
+        value = variable.value
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            value = tf.convert_to_tensor(value)  # a `MirroredVariable`
+        value = float(value)
         if not 0.0 <= value <= 1.0:
             raise ValueError(
                 "Expected a loss's `delta` to be in [0, 1]. Received: its "

@@ -260,7 +260,10 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         n = len(self.grad_sums)
         # Values: `LossScaleOptimizer` passes its inner optimizer's
         # variables themselves, which no conditional may return.
-        values = [getattr(v, "value", v) for v in optimizer_variables]
+        values = [
+            v.value if isinstance(v, keras.Variable) else v
+            for v in optimizer_variables
+        ]
         inner = values[n + 1 :]
         window = self._values(values[:n], values[n])
         window = accumulation.add(window, self._pack(grads), rows, masked_rows)
