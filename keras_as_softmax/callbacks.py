@@ -4,6 +4,7 @@ import keras
 
 from keras_as_softmax._validation import check_fraction
 from keras_as_softmax._validation import check_int
+from keras_as_softmax.losses._common import delta_value
 from keras_as_softmax.losses._common import hold_delta
 from keras_as_softmax.losses._common import release_delta
 
@@ -32,12 +33,7 @@ def check_deltas(objects):
     once, before training: a loss checks its delta when made, and a value
     assigned since (`loss.delta.assign(...)`) is checked here."""
     for variable in find_delta_variables(objects):
-        value = variable.value
-        if keras.backend.backend() == "tensorflow":
-            import tensorflow as tf
-
-            value = tf.convert_to_tensor(value)  # a `MirroredVariable`
-        value = float(value)
+        value = delta_value(variable)
         if not 0.0 <= value <= 1.0:
             raise ValueError(
                 "Expected a loss's `delta` to be in [0, 1]. Received: its "

@@ -96,12 +96,23 @@ def delta_variable(delta):
 _HELD = {}
 
 
+def delta_value(variable):
+    """A delta variable's value as a Python float, read on the host (also
+    a `MirroredVariable`'s, on TensorFlow)."""
+    value = variable.value
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        value = tf.convert_to_tensor(value)
+    return float(value)
+
+
 def hold_delta(variable, value):
     """Assigns `value` to a delta variable until `release_delta`, keeping
     its value until then as the chosen one (`chosen_delta`); True."""
     key = id(variable)
     if key not in _HELD:
-        chosen = float(ops.convert_to_numpy(variable))
+        chosen = delta_value(variable)
         _HELD[key] = (chosen, weakref.finalize(variable, _HELD.pop, key, None))
     variable.assign(value)
     return True

@@ -58,10 +58,7 @@ def first_batch(
             "arrays, a tf.data.Dataset, a keras.utils.PyDataset, a torch "
             "DataLoader or a generator"
         )
-        leaves = keras.tree.flatten((x, y, sample_weight))
-        first_leaf = next((t for t in leaves if t is not None), None)
-        samples = 0 if first_leaf is None else int(np.shape(first_leaf)[0])
-        samples = int(math.floor(samples * (1.0 - validation_split)))
+        samples = _split_at(_samples(x, y, sample_weight), validation_split)
         size = batch_size or (
             math.ceil(samples / steps_per_epoch) if steps_per_epoch else 32
         )
@@ -74,6 +71,18 @@ def first_batch(
     return keras.utils.unpack_x_y_sample_weight(first), x
 
 
+def _samples(x, y, sample_weight):
+    """The number of samples in arrays `x`, `y`, `sample_weight`."""
+    leaves = keras.tree.flatten((x, y, sample_weight))
+    first = next((t for t in leaves if t is not None), None)
+    return 0 if first is None else int(np.shape(first)[0])
+
+
+def _split_at(samples, validation_split):
+    """How many of `samples` Keras trains on after `validation_split`."""
+    return int(math.floor(samples * (1.0 - validation_split)))
+
+
 def split_validation(x, y, sample_weight, validation_split):
     """Keras's `validation_split` of arrays: the last share of the samples
     for validation, in order.
@@ -82,9 +91,8 @@ def split_validation(x, y, sample_weight, validation_split):
         `((x, y, sample_weight), (x, y, sample_weight))`: training and
         validation arrays.
     """
-    leaves = keras.tree.flatten((x, y, sample_weight))
-    samples = int(np.shape(next(t for t in leaves if t is not None))[0])
-    split_at = int(math.floor(samples * (1.0 - validation_split)))
+    samples = _samples(x, y, sample_weight)
+    split_at = _split_at(samples, validation_split)
     if split_at in (0, samples):
         raise ValueError(
             f"Expected enough samples for validation_split="

@@ -143,9 +143,8 @@ def check_no_keras_mask(loss, outputs, names=()):
 def row_values(loss, y, y_pred, margin=0.0):
     """The loss's per-row values, computed as `Loss.__call__` would; with
     a `margin`, those of the same AS loss with `delta + margin` (at most
-    1). Refuses predictions under a Keras mask that the labels do not
-    tell (`check_no_keras_mask`)."""
-    check_no_keras_mask(loss, y_pred)
+    1). The passes that make `y_pred` check its Keras mask first
+    (`ASSpeed._check_step_outputs`)."""
     y = keras.tree.map_structure(
         lambda t: ops.convert_to_tensor(t, dtype=loss.dtype), y
     )

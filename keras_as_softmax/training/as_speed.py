@@ -58,6 +58,13 @@ else:
 
 _FILTER_REDUCTIONS = ("sum_over_batch_size", "sum")
 _MASKING_LOSSES = (ASSoftmaxLoss, MultiLabelASSoftmaxLoss)
+# Why a filter refuses batches of other shapes than its first.
+_ONE_SHAPE = (
+    "ASSpeed's sample filters queue rows of one shape, the first batch's: "
+    "pad every batch to the same length (for tf.data, `padded_batch` with "
+    "fixed `padded_shapes`; ragged inputs to dense ones), or train without "
+    "a filter."
+)
 # The steps `ASSpeed` runs in place of the wrapped model's.
 _KERAS_STEP = ("train_step", "test_step", "compute_loss", "compute_metrics")
 
@@ -621,6 +628,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "model's)."
             )
         loss = self.loss
+        names = self._output_names()
         check_deltas([loss])
         if self.masked_outputs:
             self._check_masked_outputs(loss)
@@ -633,15 +641,15 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 "`ASSpeed(..., masked_outputs=[...])`. "
                 f"Received: loss={loss!r}"
             )
-        elif len(self._output_names()) > 1:
-            raise _one_loss_for_outputs(loss, self._output_names())
+        elif len(names) > 1:
+            raise _one_loss_for_outputs(loss, names)
         self._check_no_metric_named_masked_ratio()
         # Functional and sequential models show their masks here; a
         # subclassed model's show in the step (`_check_step_outputs`).
         masked = _filtering.check_no_keras_mask(
             loss,
             getattr(self.inner_model, "outputs", None) or [],
-            self._output_names(),
+            names,
         )
         # Keras leaves the positions a Keras mask hides out of the metrics
         # (not JAX's stateless ones), but the filtered step's predictions
@@ -1045,11 +1053,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         ]
         if any(None in shape for shape, _ in leaves):
             raise ValueError(
-                "ASSpeed's sample filters queue rows of one shape, the first "
-                "batch's: pad every batch to the same length (for tf.data, "
-                "`padded_batch` with fixed `padded_shapes`; ragged inputs "
-                "to dense ones), or train without a filter. Received "
-                "inputs and labels of shapes "
+                f"{_ONE_SHAPE} Received inputs and labels of shapes "
                 f"{[shape for shape, _ in leaves]} after the batch axis"
             )
         row = (row_tail, "float32")
@@ -1107,10 +1111,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             for r, e in zip(received, expected)
         ):
             raise ValueError(
-                "ASSpeed's sample filters queue rows of one shape, the first "
-                "batch's: pad every batch to the same length (for tf.data, "
-                "`padded_batch` with fixed `padded_shapes`), or train "
-                "without a filter. Expected inputs and labels of shapes "
+                f"{_ONE_SHAPE} Expected inputs and labels of shapes "
                 f"{expected} after the batch axis. Received: {received}"
             )
         if _BACKEND == "tensorflow" and any(None in r for r in received):
