@@ -4,7 +4,7 @@ import keras
 
 from keras_as_softmax._validation import check_fraction
 from keras_as_softmax._validation import check_int
-from keras_as_softmax.losses._common import delta_value
+from keras_as_softmax.losses._common import checked_delta
 from keras_as_softmax.losses._common import hold_delta
 from keras_as_softmax.losses._common import release_delta
 
@@ -33,16 +33,9 @@ def check_deltas(objects):
     once, before training: a loss checks its delta when made, and a value
     assigned since (`loss.delta.assign(...)`) is checked here."""
     for variable in find_delta_variables(objects):
-        value = delta_value(variable)
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(
-                "Expected a loss's `delta` to be in [0, 1]. Received: its "
-                f"`delta` variable holds {value} (assigned after the loss "
-                "was made)"
-            )
+        checked_delta(variable)
 
 
-@keras.saving.register_keras_serializable(package="keras_as_softmax")
 class DeltaWarmup(keras.callbacks.Callback):
     """Trains with `delta = 1` (plain softmax) for the first steps.
 
@@ -170,10 +163,3 @@ class DeltaWarmup(keras.callbacks.Callback):
             # and test steps again, for training, validation and later fits.
             self.model.make_train_function(force=True)
             self.model.make_test_function(force=True)
-
-    def get_config(self):
-        return {
-            "warmup_ratio": self.warmup_ratio,
-            "warmup_delta": self.warmup_delta,
-            "total_steps": self.total_steps,
-        }

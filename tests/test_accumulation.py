@@ -262,6 +262,27 @@ def test_optimizer_round_trips_and_forwards_to_the_inner():
         kas.AccumulatingOptimizer("adam")
 
 
+def test_a_model_saved_before_its_first_step_loads_and_trains(tmp_path):
+    # Unbuilt, the window has no sums: its variables are the inner
+    # optimizer's, as a Keras optimizer's are before its first step.
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(
+        optimizer=kas.AccumulatingOptimizer(keras.optimizers.Adam(0.1), 2),
+        loss="mse",
+    )
+    assert len(model.optimizer.variables) == len(
+        model.optimizer.inner_optimizer.variables
+    )
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    x, y = np.ones((8, 3), "float32"), np.zeros((8, 2), "float32")
+    for m in (model, loaded):
+        m.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert int(ops.convert_to_numpy(loaded.optimizer.iterations)) == 1
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     "argument",
     ["learning_rate", "clipnorm", "global_clipnorm", "weight_decay", "use_ema"],

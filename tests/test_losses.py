@@ -1,6 +1,7 @@
 """The loss suite: runs on the tensorflow, jax and torch backends in CI."""
 
 import inspect
+import itertools
 import json
 import os
 import subprocess
@@ -505,6 +506,50 @@ def test_delta_held_by_a_variable_or_tensor_is_checked_by_its_value():
             fn(y, logits, delta=ops.convert_to_tensor([0.3, 0.3]))
 
 
+def test_a_variable_given_as_delta_gives_its_value_on_every_backend():
+    # The loss keeps a variable of its own: assigning either one leaves the
+    # other as it is (on PyTorch, a variable made from another shared its
+    # storage).
+    given = keras.Variable(0.3, trainable=False)
+    loss = kas.ASSoftmaxLoss(delta=given, reduction=None)
+    given.assign(1.0)
+    assert float(to_numpy(loss.delta)) == pytest.approx(0.3)
+    loss.delta.assign(0.6)
+    assert float(to_numpy(given)) == 1.0
+
+
+def test_a_delta_assigned_outside_0_1_is_refused_by_the_config():
+    # Its config would not load (`from_config` checks delta).
+    loss = kas.ASSoftmaxLoss(0.3)
+    for bad in (-0.5, 1.5, float("nan")):
+        loss.delta.assign(bad)
+        with pytest.raises(ValueError, match=r"\[0, 1\].*holds"):
+            loss.get_config()
+    loss.delta.assign(0.5)
+    assert type(loss).from_config(loss.get_config()).get_config() == (
+        loss.get_config()
+    )
+
+
+def test_multilabel_loss_traces_with_an_unknown_number_of_classes():
+    if BACKEND != "tensorflow":
+        pytest.skip("JAX and torch trace with static shapes")
+    import tensorflow as tf
+
+    loss = kas.MultiLabelASSoftmaxLoss(0.3)
+    graph = tf.function(
+        lambda y, x: loss(y, x),
+        input_signature=[tf.TensorSpec([None, None], "float32")] * 2,
+    )
+    labels = np.eye(6, dtype="float32")[[0, 2, 5, 1]]
+    logits = np.random.default_rng(3).normal(size=(4, 6)).astype("float32")
+    np.testing.assert_allclose(
+        to_numpy(graph(labels, logits)),
+        to_numpy(loss(labels, logits)),
+        rtol=1e-6,
+    )
+
+
 def test_other_hyperparameters_are_checked():
     for bad in (float("nan"), -0.1, "0.3"):
         with pytest.raises(ValueError, match="margin"):
@@ -680,16 +725,25 @@ def test_labels_out_of_range_are_reported_eagerly(classes):
         kas.ASSoftmaxLoss(ignore_class=-100)(labels, logits)
     # Compiled, nothing is read back: the row's loss is infinite, as the
     # docstring says, and the others' are as without it; the baselines'
-    # too.
-    for per_row in (
-        kas.ASSoftmaxLoss(reduction=None),
-        kas.SparseSoftmaxLoss(k=2, reduction=None),
-        kas.AMSoftmaxLoss(reduction=None),
-        kas.TemperatureSoftmaxLoss(reduction=None),
-        kas.SparsemaxLoss(reduction=None),
-        kas.Entmax15Loss(reduction=None),
+    # too. On TensorFlow also in a graph without XLA, as `fit` runs it on
+    # CPUs by default (where a gather refuses an index out of range).
+    compilers = [compiled]
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        compilers.append(tf.function)
+    for per_row, compile_fn in itertools.product(
+        (
+            kas.ASSoftmaxLoss(reduction=None),
+            kas.SparseSoftmaxLoss(k=2, reduction=None),
+            kas.AMSoftmaxLoss(reduction=None),
+            kas.TemperatureSoftmaxLoss(reduction=None),
+            kas.SparsemaxLoss(reduction=None),
+            kas.Entmax15Loss(reduction=None),
+        ),
+        compilers,
     ):
-        jit = compiled(lambda y, x, loss=per_row: loss(y, x))
+        jit = compile_fn(lambda y, x, loss=per_row: loss(y, x))
         if jit is None:
             break
         for bad in (classes, -1):

@@ -78,15 +78,14 @@ def delta_variable(delta):
     Callbacks (`DeltaWarmup`) assign it during training, without
     recompiling on TensorFlow and PyTorch; a compiled JAX step holds the
     value it was traced with.
-    A `keras.Variable` or a tensor that holds a value is checked by it.
+    A `keras.Variable` or a tensor that holds a value is checked by it; the
+    loss's variable takes a variable's value, not the variable itself (on
+    every backend alike: assigning one leaves the other as it is).
     """
     if isinstance(delta, keras.Variable):
-        check_delta(ops.convert_to_numpy(delta))
+        delta = delta_value(delta)
     return keras.Variable(
-        check_delta(delta),
-        dtype="float32",
-        trainable=False,
-        name="delta",
+        check_delta(delta), dtype="float32", trainable=False, name="delta"
     )
 
 
@@ -133,7 +132,20 @@ def chosen_delta(variable):
     """A delta variable's value, or its chosen one while a warm-up holds
     it."""
     held = _HELD.get(id(variable))
-    return held[0] if held else float(ops.convert_to_numpy(variable))
+    return held[0] if held else checked_delta(variable)
+
+
+def checked_delta(variable):
+    """A delta variable's value, which may have been assigned since the
+    loss was made: refused outside [0, 1]."""
+    value = delta_value(variable)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(
+            "Expected a loss's `delta` to be in [0, 1]. Received: its "
+            f"`delta` variable holds {value} (assigned after the loss was "
+            "made)"
+        )
+    return value
 
 
 def check_label_mode(label_mode, ignore_class):

@@ -35,12 +35,16 @@ def _row_max_and_target(y_pred, logits, labels, is_target, from_logits):
     top = _common.to_logits(
         ops.max(y_pred, axis=-1, keepdims=True), from_logits
     )
-    target = ops.take_along_axis(logits, ops.expand_dims(labels, -1), axis=-1)
-    # A label outside [0, C) has no target logit (a compiled gather clamps
-    # or fills its index): -inf, as the stacked reduction gives it.
+    # A label outside [0, C) has no target logit: -inf, as the stacked
+    # reduction gives it (its gather reads class 0, not out of bounds,
+    # which a TensorFlow graph would refuse).
     classes = ops.shape(logits)[-1]
-    in_range = ops.logical_and(labels >= 0, labels < classes)
-    target = ops.where(ops.expand_dims(in_range, -1), target, -float("inf"))
+    in_range = ops.expand_dims(
+        ops.logical_and(labels >= 0, labels < classes), -1
+    )
+    index = ops.where(in_range, ops.expand_dims(labels, -1), 0)
+    target = ops.take_along_axis(logits, index, axis=-1)
+    target = ops.where(in_range, target, -float("inf"))
     return ops.stop_gradient(top), ops.stop_gradient(target)
 
 

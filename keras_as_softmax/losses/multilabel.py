@@ -176,7 +176,7 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     # Keras 3.15's float32 result of `minimum` on torch.)
     total = _row_sum(ops.exp(ops.cast(ops.minimum(x - top, -1e-45), x.dtype)))
     total = ops.where(
-        top > -_common._LOGIT_LIMIT, total, ops.cast(x.shape[-1], x.dtype)
+        top > -_common._LOGIT_LIMIT, total, ops.cast(ops.shape(x)[-1], x.dtype)
     )
     margin = ops.cast(delta, logits.dtype) * total
     e_max_negative = ops.exp(max_negative - top)

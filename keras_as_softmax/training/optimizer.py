@@ -148,6 +148,8 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
     def variables(self):
         # The base class's own `iteration` and `learning_rate` stay out:
         # the inner optimizer's count the updates.
+        if not self.built:  # a model saved before its first step
+            return list(self.inner_optimizer.variables)
         return [
             *self.grad_sums,
             self.window_counts,
