@@ -28,4 +28,4 @@ from keras_as_softmax.training.accumulation import FixedSteps
 from keras_as_softmax.training.as_speed import ASSpeed
 from keras_as_softmax.training.optimizer import AccumulatingOptimizer
 
-__version__ = "0.5.17"
+__version__ = "0.5.18"
