@@ -580,6 +580,36 @@ def test_state_tracking_quick_times_both_assignments():
     assert all(math.isfinite(t) and t > 0 for t in times), out
 
 
+HOST_TIME = LAB / "host_time.py"
+
+
+def test_host_time_quick_splits_each_variants_host_time():
+    """`lab/host_time.py --quick`: per variant and steps a dispatch, the
+    host's time a step by component, the components within the total."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("one run is enough: the script runs on JAX")
+    out = run_quick(HOST_TIME, "jax", 300)
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if "host us a step" in line)
+    words = lines[header].split()[4:]
+    assert list(zip(words[::2], words[1::2])) == [
+        (variant, spe)
+        for spe in ("spe1", "spe8")
+        for variant in ("softmax", "as_speed", "skip_masked")
+    ], out
+    rows = {
+        line[:32].strip(): [float(c) for c in line[32:].split()]
+        for line in lines[header + 1 :]
+        if line.strip()
+    }
+    assert len(rows["total"]) == 6, out
+    parts = [r for k, r in rows.items() if k != "total"]
+    for i, total in enumerate(rows["total"]):
+        assert total > 0 and all(r[i] >= 0 for r in parts[:-1]), out
+        assert sum(r[i] for r in parts) == pytest.approx(total, abs=10), out
+    assert all(t > 0 for t in rows["jit dispatch"]), out
+
+
 def test_graph_updates_reads_xla_command_buffer_log(capsys):
     """`lab/graph_updates.py` on lines as XLA's GPU runtime logs them
     (`command_buffer_thunk.cc`, `command_executor.cc`): each command buffer's
