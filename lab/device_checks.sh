@@ -43,6 +43,10 @@ run() {  # run NAME SECONDS BACKEND ARGS...
 run gpu_check_jax 180 jax benchmarks/gpu_check.py --shape minilm
 run gpu_check_jax_spe8 150 jax benchmarks/gpu_check.py --shape minilm \
     --steps-per-execution 8 --variants softmax,as_speed,skip_masked,pair
+# Where the host's time a step goes on this machine's CPU, one step a
+# dispatch: the step's dispatch, its state, the batch's device_put, the
+# callbacks (on the 2-core CPU: results/host_time_jax012.txt).
+run host_time 90 jax lab/host_time.py --spe 1
 # Does XLA update the step's CUDA graph before each execution, and at what
 # host cost? It updates the commands that use a buffer whose address moved
 # since the last execution (the new batch; outputs not donated; the
