@@ -188,6 +188,8 @@ class ASSoftmaxLoss(PerRowLoss):
     Args:
         delta: margin in [0, 1]. `1.0` is softmax cross entropy; smaller
             values mask more rows. Defaults to `0.3`, the paper's advice.
+            Stored in a non-trainable `keras.Variable` of the loss's own
+            (`loss.delta`); a variable given here gives its value.
         from_logits: whether `y_pred` holds logits; with `False` it must
             hold probabilities in [0, 1]. Defaults to `True`.
         label_mode: `"int"` for integer labels (`[...]`), `"categorical"`

@@ -330,7 +330,8 @@ class MultiLabelASSoftmaxLoss(PerRowLoss):
         delta: margin in [0, 1]. Multi-label tasks want small values: the
             paper used 0.05 on Eurlex (127 labels) and 0.35 on WOS.
             Defaults to `0.05`. Stored in a non-trainable `keras.Variable`
-            (`loss.delta`).
+            of the loss's own (`loss.delta`); a variable given here gives
+            its value.
         reduction: as in `keras.losses.Loss`. Defaults to
             `"sum_over_batch_size"`.
         name: defaults to `"multilabel_as_softmax_loss"`.
