@@ -516,6 +516,8 @@ def test_a_variable_given_as_delta_gives_its_value_on_every_backend():
     assert float(to_numpy(loss.delta)) == pytest.approx(0.3)
     loss.delta.assign(0.6)
     assert float(to_numpy(given)) == 1.0
+    with pytest.raises(ValueError, match=r"scalar.*delta.shape=\(2,\)"):
+        kas.ASSoftmaxLoss(delta=keras.Variable([0.3, 0.3]))
 
 
 def test_a_delta_assigned_outside_0_1_is_refused_by_the_config():

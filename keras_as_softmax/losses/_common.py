@@ -83,7 +83,7 @@ def delta_variable(delta):
     every backend alike: assigning one leaves the other as it is).
     """
     if isinstance(delta, keras.Variable):
-        delta = delta_value(delta)
+        delta = delta_value(check_delta(delta))  # a scalar's
     return keras.Variable(
         check_delta(delta), dtype="float32", trainable=False, name="delta"
     )
