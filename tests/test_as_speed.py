@@ -752,6 +752,13 @@ def test_several_outputs_count_the_named_output(form):
         one_loss = kas.ASSpeed(joint)
         one_loss.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
         one_loss.fit(x, y, batch_size=16, verbose=0)
+    # A subclassed model's outputs are not known before its step: the
+    # message names none rather than "[]".
+    outputs = " of \\['intent', 'slots'\\]" if form == "functional" else ""
+    with pytest.raises(ValueError, match=f"one per output{outputs}\\. Rec"):
+        one_loss = kas.ASSpeed(joint, masked_outputs="intent")
+        one_loss.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
+        one_loss.fit(x, y, batch_size=16, verbose=0)
     wrapped = kas.ASSpeed(joint, masked_outputs="intent")
     wrapped.compile(
         optimizer=keras.optimizers.Adam(0.05),

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -509,9 +510,12 @@ def test_delta_held_by_a_variable_or_tensor_is_checked_by_its_value():
 def test_a_variable_given_as_delta_gives_its_value_on_every_backend():
     # The loss keeps a variable of its own: assigning either one leaves the
     # other as it is (on PyTorch, a variable made from another shared its
-    # storage).
-    given = keras.Variable(0.3, trainable=False)
-    loss = kas.ASSoftmaxLoss(delta=given, reduction=None)
+    # storage), and reads it without a warning (a trainable torch
+    # variable's value tracks gradients).
+    given = keras.Variable(0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = kas.ASSoftmaxLoss(delta=given, reduction=None)
     given.assign(1.0)
     assert float(to_numpy(loss.delta)) == pytest.approx(0.3)
     loss.delta.assign(0.6)

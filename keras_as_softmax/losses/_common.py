@@ -103,7 +103,7 @@ def delta_value(variable):
         import tensorflow as tf
 
         value = tf.convert_to_tensor(value)
-    return float(value)
+    return float(ops.stop_gradient(value))  # a torch one's, detached
 
 
 def hold_delta(variable, value):

@@ -727,7 +727,8 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             raise ValueError(
                 "`masked_outputs` picks losses of a model with several "
                 "outputs: compile it with a dict (or list) of losses, one "
-                f"per output of {names}. Received: loss={loss!r}"
+                f"per output{f' of {names}' if names else ''}. Received: "
+                f"loss={loss!r}"
             )
         for name in self.masked_outputs:
             if name not in names:
