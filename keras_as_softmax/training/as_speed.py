@@ -631,7 +631,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         names = self._output_names()
         check_deltas([loss])
         if self.masked_outputs:
-            self._check_masked_outputs(loss)
+            self._check_masked_outputs(loss, names)
         elif not isinstance(loss, keras.losses.Loss):
             raise ValueError(
                 "ASSpeed counts masked rows with the loss's per-row values, "
@@ -713,8 +713,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             names = list(self.loss)
         return names
 
-    def _check_masked_outputs(self, loss):
-        names = self._output_names()
+    def _check_masked_outputs(self, loss, names):
         if self.sample_filters:
             raise ValueError(
                 "ASSpeed's sample filters need a model with one output and "
