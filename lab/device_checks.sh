@@ -50,9 +50,14 @@ run host_time 90 jax lab/host_time.py --spe 1
 # Does XLA update the step's CUDA graph before each execution, and at what
 # host cost? It updates the commands that use a buffer whose address moved
 # since the last execution (the new batch; outputs not donated; the
-# temporary buffer, unless the allocator returns the same one), and a
-# conditional with all of its branches, taken or not
-# (`command_executor.cc`, `GpuCommandBuffer::UpdateCase`). Softmax's
+# temporary buffer, unless the allocator returns the same one); for a
+# conditional that uses one, it walks every branch, taken or not, and
+# records again there the commands that use a moved buffer
+# (`command_executor.cc`, `GpuCommandBuffer::UpdateCase`). With the
+# temporary buffer in place, that is a few commands a step in SkipMasked's
+# branches (`lab/gpu_program.py`: the scoring pass's read of the batch, and
+# small values XLA keeps in the logs' buffers); if it moves, nearly all of
+# the commands of every branch. Softmax's
 # graph (hundreds of top-level commands) beside SkipMasked's (tens, three
 # of them conditionals): the runtime's log, kept to the command buffer
 # lines, then lab/graph_updates.py's summary.

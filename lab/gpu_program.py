@@ -14,6 +14,10 @@ optimizer and filters hold their state, compiles its `train_step` for an
 H100 ahead of time (JAX's CUDA plugin with a GPU description, no device
 and no driver), and reads XLA's thunk sequence from the dump: the graphs
 a step launches, the thunks between them, and where each conditional sits.
+Then, from the optimized program and its buffer assignment, what each
+conditional's branches keep in a buffer that is new at every execution
+(`fresh_buffers`): XLA updates a CUDA graph's commands that use a buffer
+whose address moved, in every branch of a conditional that holds one.
 
 Needs the CUDA plugin (`pip install "jax[cuda12]"`, Python 3.11 or later).
 `XLA_FLAGS` given to the script are passed on (the dump's own flag is
@@ -150,6 +154,74 @@ def read_program(path):
     return top, unconditional, conditionals
 
 
+COMPUTATION = re.compile(r"^(ENTRY )?%(\S+) .*\{$")
+INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*)")
+ALLOCATION = re.compile(r"^allocation (\d+): size \d+, (.*)")
+VALUE = re.compile(r"^\s*value: <\d+ ([^ @{]+)")
+
+
+def fresh_buffers(hlo_path, assignment_path):
+    """What in each conditional's branches lives in a buffer that is new
+    at every execution, from the optimized HLO and its buffer assignment:
+    the batch (`train_step`'s second argument, not donated), and the
+    step's outputs that XLA did not alias to a donated input (the logs,
+    and any state a conditional returned), which XLA also lends to
+    smaller values whose lives end before the output's begins. XLA
+    records such a command again before each execution.
+
+    Returns `[(name, reads_batch, [values], instructions)]` per
+    conditional of the entry computation, in the HLO's order."""
+    computation_of, operands, conditionals = {}, {}, []
+    entry_params, entry, name = [], None, None
+    for line in hlo_path.read_text().splitlines():
+        if match := COMPUTATION.match(line):
+            name = match[2]
+            if match[1]:
+                signature = line.split("->")[0]
+                entry_params = re.findall(r"(\w[\w.]*): ", signature)
+                entry = name
+            continue
+        if line.startswith("}"):
+            name = None
+        elif name and (match := INSTRUCTION.match(line)):
+            computation_of[match[1]] = name
+            call = match[2].split(", metadata=")[0]
+            operands[match[1]] = re.findall(r"%([\w.\-]+)", call)
+            if " conditional(" in match[2]:
+                branches = re.findall(
+                    r"(?:true|false)_computation=%([\w.\-]+)", match[2]
+                ) or re.findall(
+                    r"%([\w.\-]+)",
+                    match[2].split("branch_computations=")[-1].split("}")[0],
+                )
+                conditionals.append((match[1], branches))
+    conditionals = [c for c in conditionals if computation_of[c[0]] == entry]
+    batch = {p for p in entry_params if p.startswith("args_1")}
+    fresh, allocation = {}, None
+    for line in assignment_path.read_text().splitlines():
+        if match := ALLOCATION.match(line):
+            about = match[2]
+            param = re.search(r"parameter (\d+)", about)
+            allocation = (
+                entry_params[int(param[1])] in batch
+                if param
+                else "maybe-live-out" in about and "output shape" not in about
+            )
+        elif allocation and (match := VALUE.match(line)):
+            fresh[match[1]] = True
+    found = []
+    for name, branches in conditionals:
+        inputs = [
+            o
+            for operand in operands[name]
+            for o in [operand, *operands.get(operand, ())]
+        ]
+        values = sorted(v for v in fresh if computation_of.get(v) in branches)
+        size = sum(computation_of[i] in branches for i in computation_of)
+        found.append((name, any(i in batch for i in inputs), values, size))
+    return found
+
+
 def describe(variant, path):
     top, unconditional, conditionals = read_program(path)
     graphs = top.pop("kCommandBuffer", 0)
@@ -170,6 +242,18 @@ def describe(variant, path):
         )
         listed = " / ".join(map(str, sizes[i]))
         print(f"  conditional {i}: {where}; thunks per branch {listed}")
+    prefix = path.name.split(".thunk_sequence")[0]
+    hlo = path.parent / f"{prefix}.sm_9.0a_gpu_after_optimizations.txt"
+    assignment = hlo.with_name(hlo.stem + "-buffer-assignment.txt")
+    if hlo.exists() and assignment.exists():
+        for name, batch, values, size in fresh_buffers(hlo, assignment):
+            new = ["the batch"] * batch + (
+                [f"{len(values)} values in unaliased outputs"] * bool(values)
+            )
+            print(
+                f"  {name} ({size} instructions in its branches): "
+                f"buffers new at each execution: {', '.join(new) or 'none'}"
+            )
 
 
 def main(argv=None):

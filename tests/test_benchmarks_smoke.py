@@ -514,6 +514,74 @@ def test_gpu_program_reads_where_a_conditional_sits(
     assert [b["thunks"] for b in conditionals[0]["branches"]] == [2, 1]
 
 
+# An optimized step and its buffer assignment as XLA dumps them (abridged):
+# the batch (`args_1`) read in one branch, a small value of the other
+# conditional's branch in the allocation of an output not aliased to an
+# input, and the state (`args_0`) aliased to its output.
+HLO = """\
+%branch_score (p: (s32[4], f32[2])) -> f32[] {
+  %p = (s32[4]{0}, f32[2]{0}) parameter(0)
+  %gte = s32[4]{0} get-tuple-element(%p), index=0
+  ROOT %sum = f32[] fusion(%gte), kind=kLoop, calls=%fused_sum
+}
+%branch_skip (q: (s32[4], f32[2])) -> f32[] {
+  %q = (s32[4]{0}, f32[2]{0}) parameter(0)
+  ROOT %zero = f32[] constant(0)
+}
+%branch_update (r: f32[2]) -> f32[2] {
+  %r = f32[2]{0} parameter(0)
+  %seed = u32[] fusion(%r), kind=kLoop, calls=%fused_xor
+  ROOT %new = f32[2]{0} fusion(%r, %seed), kind=kLoop, calls=%fused_add
+}
+%branch_keep (s: f32[2]) -> f32[2] {
+  ROOT %s = f32[2]{0} parameter(0)
+}
+ENTRY %main (args_0__0_.1: f32[2], args_1__0_.1: s32[4]) -> (f32[], f32[2]) {
+  %args_0__0_.1 = f32[2]{0} parameter(0)
+  %args_1__0_.1 = s32[4]{0} parameter(1)
+  %pred = pred[] fusion(%args_0__0_.1), kind=kLoop, calls=%fused_compare
+  %operands = (s32[4]{0}, f32[2]{0}) tuple(%args_1__0_.1, %args_0__0_.1)
+  %score = f32[] conditional(%pred, %operands, %operands), \
+true_computation=%branch_score, false_computation=%branch_skip, \
+metadata={op_name="cond"}
+  %update = f32[2]{0} conditional(%pred, %args_0__0_.1, %args_0__0_.1), \
+true_computation=%branch_update, false_computation=%branch_keep
+  %loss = f32[] fusion(%score), kind=kLoop, calls=%fused_copy
+  ROOT %out = (f32[], f32[2]{0}) tuple(%loss, %update)
+}
+"""
+ASSIGNMENT = """\
+BufferAssignment:
+allocation 0: size 8, page 0, parameter 0, shape |f32[2]| at ShapeIndex {}, \
+maybe-live-out:
+ value: <1 args_0__0_.1 @0> (size=8,offset=0): f32[2]{0}
+ value: <2 new @0> (size=8,offset=0): f32[2]{0}
+allocation 1: size 16, page 0, parameter 1, shape |s32[4]| at ShapeIndex {}:
+ value: <3 args_1__0_.1 @0> (size=16,offset=0): s32[4]{0}
+allocation 2: size 16, page 0, output shape is |(f32[], f32[2])|, \
+maybe-live-out:
+ value: <4 out @0> (size=16,offset=0): (f32[], f32[2]{0})
+allocation 3: size 4, page 0, maybe-live-out:
+ value: <5 seed @0> (size=4,offset=0): u32[]
+ value: <6 loss @0> (size=4,offset=0): f32[]
+allocation 4: size 4, page 0, preallocated-temp:
+ value: <7 sum @0> (size=4,offset=0): f32[]
+"""
+
+
+def test_gpu_program_finds_what_a_branch_holds_in_a_new_buffer(tmp_path):
+    """`lab/gpu_program.py` names, per conditional, the buffers its
+    branches use that are new at each execution: the batch, read through
+    the conditional's operands, and an output's allocation lent to a
+    value of a branch; the donated state and the temporary buffer are
+    not."""
+    hlo, assignment = tmp_path / "hlo.txt", tmp_path / "assignment.txt"
+    hlo.write_text(HLO)
+    assignment.write_text(ASSIGNMENT)
+    found = _load_script(GPU_PROGRAM).fresh_buffers(hlo, assignment)
+    assert found == [("score", True, [], 5), ("update", False, ["seed"], 4)]
+
+
 def test_cond_cost_quick_times_every_program_in_every_regime():
     """`lab/cond_cost.py --quick`: its own check passes (the untaken
     branch leaves the parameters as they were, the taken one changes
