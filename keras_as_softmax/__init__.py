@@ -28,4 +28,34 @@ from keras_as_softmax.training.accumulation import FixedSteps
 from keras_as_softmax.training.as_speed import ASSpeed
 from keras_as_softmax.training.optimizer import AccumulatingOptimizer
 
+__all__ = [
+    "AMSoftmaxLoss",
+    "ASSoftmaxLoss",
+    "ASSpeed",
+    "AccumulatingOptimizer",
+    "AdaptiveSteps",
+    "DeltaWarmup",
+    "Entmax15Loss",
+    "FixedSteps",
+    "MaskedRatio",
+    "MultiLabelASSoftmaxLoss",
+    "MultiLabelCategoricalCrossentropy",
+    "SparseSoftmaxLoss",
+    "SparsemaxLoss",
+    "TemperatureSoftmaxLoss",
+    "am_softmax_cross_entropy",
+    "as_softmax_cross_entropy",
+    "count_masked_rows",
+    "entmax15",
+    "entmax15_loss",
+    "filters",
+    "masked_rows",
+    "multilabel_as_softmax_cross_entropy",
+    "multilabel_categorical_crossentropy",
+    "sparse_softmax_cross_entropy",
+    "sparsemax",
+    "sparsemax_loss",
+    "temperature_softmax_cross_entropy",
+]
+
 __version__ = "0.5.18"

@@ -9,7 +9,7 @@ source tests/venv.sh
 source tests/suites.sh
 python="$(venv_python 3.12 "${JAX_LATEST_VENV:-$HOME/.cache/keras-as-softmax/py312-jax}")"
 
-# TensorFlow comes in through the package's own `tensorflow` dependency: the
+# TensorFlow comes in through the `test` extra: the
 # training suite needs it on JAX too (tf.data in filters.index_dataset).
 # keras-hub for the raw-strings test; the lab (and the PyTorch it pulls in)
 # is not needed here.

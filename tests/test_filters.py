@@ -138,7 +138,7 @@ class RecordingHooks:
 def run_pipeline(
     sample_filter, easy, n=32, batch=4, epochs=3, step=_filtering.filtered_step
 ):
-    sample_filter = filters.as_list(sample_filter)
+    sample_filter = filters.base.as_list(sample_filter)
     last_seen = next((f for f in sample_filter if not f.scores), None)
     skip = next((f for f in sample_filter if f.scores), None)
     leaves = [

@@ -123,7 +123,7 @@ def test_wheel_holds_only_the_core(tmp_path):
     # lab/ and tests/ (a package too) are there to check that they stay out.
     for name in ("keras_as_softmax", "lab", "tests"):
         shutil.copytree(ROOT / name, source / name, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
         shutil.copy(ROOT / name, source / name)
     proc = subprocess.run(
         [
@@ -160,6 +160,16 @@ def test_wheel_holds_only_the_core(tmp_path):
         if n.startswith("keras_as_softmax/") and not n.endswith(".py")
     ]
     assert not data, data
+    # The licence travels with the wheel; TensorFlow is a backend's extra.
+    (info,) = {n.split("/")[0] for n in names if ".dist-info/" in n}
+    assert f"{info}/licenses/LICENSE" in names
+    metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    assert "License-Expression: Apache-2.0" in metadata
+    requires = re.findall(r"^Requires-Dist: (.+)$", metadata, re.M)
+    assert 'tensorflow>=2.16; extra == "tensorflow"' in requires, requires
+    assert not [
+        r for r in requires if "extra ==" not in r and "tensorflow" in r
+    ]
 
 
 @pytest.mark.parametrize(

@@ -51,31 +51,19 @@ from keras_as_softmax.filters.sample_ids import with_sample_ids
 from keras_as_softmax.filters.selective_backprop import SelectiveBackprop
 from keras_as_softmax.filters.skip_masked import SkipMasked
 
-
-def as_list(sample_filter):
-    """The filters as a list (`None` gives `[]`), checked: at most one
-    memory filter, first, then at most one scoring filter."""
-    if sample_filter is None:
-        return []
-    filters = (
-        list(sample_filter)
-        if isinstance(sample_filter, (list, tuple))
-        else [sample_filter]
-    )
-    for f in filters:
-        if not isinstance(f, SampleFilter):
-            raise ValueError(
-                "Expected `sample_filter` to be a keras_as_softmax.filters "
-                "filter (SkipMasked, SelectiveBackprop, SkipMaskedLastSeen, "
-                f"InfoBatch), or a list of them. Received: {f!r}"
-            )
-    kinds = ["score" if f.scores else "memory" for f in filters]
-    if kinds not in ([], ["score"], ["memory"], ["memory", "score"]):
-        raise ValueError(
-            "Expected at most two filters: one that decides without a pass "
-            "(SkipMaskedLastSeen or InfoBatch) first, then one that scores "
-            "(SkipMasked or SelectiveBackprop), as in "
-            "[SkipMaskedLastSeen(n), SkipMasked()]. "
-            f"Received: sample_filter={filters!r}"
-        )
-    return filters
+__all__ = [
+    "INPUTS_KEY",
+    "SAMPLE_ID_KEY",
+    "InfoBatch",
+    "LastSeenFilter",
+    "MemoryFilter",
+    "SampleFilter",
+    "ScoringFilter",
+    "SelectiveBackprop",
+    "SkipMasked",
+    "SkipMaskedLastSeen",
+    "attach_sample_ids",
+    "index_dataset",
+    "split_sample_ids",
+    "with_sample_ids",
+]

@@ -12,6 +12,7 @@ from keras_as_softmax import filters as filters_lib
 from keras_as_softmax._validation import check_int
 from keras_as_softmax._validation import check_positive
 from keras_as_softmax.callbacks import check_deltas
+from keras_as_softmax.filters.base import as_list
 from keras_as_softmax.filters.sample_ids import text_as_arrays
 from keras_as_softmax.losses import ASSoftmaxLoss
 from keras_as_softmax.losses import MultiLabelASSoftmaxLoss
@@ -221,7 +222,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self.inner_model = model
         self.lam = check_positive(lam, "lam")
         self.max_steps = check_int(max_steps, "max_steps", 1)
-        self.sample_filters = filters_lib.as_list(sample_filter)
+        self.sample_filters = as_list(sample_filter)
         self.masked_outputs = _as_output_names(masked_outputs)
         self.shares_tracker = _StepShares(
             filters=bool(self.sample_filters),
