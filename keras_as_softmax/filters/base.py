@@ -62,6 +62,22 @@ class View(NamedTuple):
     masked_with_margin: object = None
 
 
+class RowUpdate(NamedTuple):
+    """A state entry that `observe` changed in some rows only: `values`
+    written at `ids` along its first axis, the other rows as they were.
+    `ASSpeed` writes them in place where the state is a variable
+    (TensorFlow, PyTorch), so that a step does not copy a per-sample
+    memory whole, and scatters them into the value on JAX.
+
+    Attributes:
+        ids: int32 `[n]`, the rows written.
+        values: `[n, ...]`, their new values.
+    """
+
+    ids: object
+    values: object
+
+
 class Seen(NamedTuple):
     """What a pass saw, for `observe`.
 
@@ -123,7 +139,8 @@ class SampleFilter:
         raise NotImplementedError
 
     def observe(self, seen, state):
-        """The state after a pass saw `seen` (a `Seen`)."""
+        """The state after a pass saw `seen` (a `Seen`): its entries, each
+        a new value or the `RowUpdate` of the rows that changed."""
         return state
 
     def get_config(self):

@@ -7,6 +7,7 @@ from keras import ops
 from keras_as_softmax._validation import check_fraction
 from keras_as_softmax._validation import check_int
 from keras_as_softmax.filters.base import MemoryFilter
+from keras_as_softmax.filters.base import RowUpdate
 
 
 class LastSeenFilter(MemoryFilter):
@@ -75,8 +76,7 @@ class LastSeenFilter(MemoryFilter):
         memory = state[self.memory_name]
         new = self.record(seen.sample_loss, seen.sample_masked, seen.epoch)
         new = ops.where(seen.ran, new, ops.take(memory, seen.ids, axis=0))
-        ids = ops.expand_dims(seen.ids, -1)
-        return {self.memory_name: ops.scatter_update(memory, ids, new)}
+        return {self.memory_name: RowUpdate(seen.ids, new)}
 
     def record(self, sample_loss, sample_masked, epoch):
         """The memory value of samples that a pass just saw.

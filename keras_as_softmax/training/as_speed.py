@@ -384,7 +384,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         queue(self._train_queue, state.train_queue)
         for variables, values in zip(self._filter_states, state.states):
             for name, variable in variables.items():
-                variable.assign(values[name])
+                # Rows written in place (`_filtering.write_rows`).
+                if values[name] is not variable.value:
+                    variable.assign(values[name])
 
     def _filter_variables(self):
         """The variables a filtered step assigns besides the model's."""
