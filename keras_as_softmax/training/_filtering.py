@@ -320,8 +320,9 @@ def write_rows(current, update):
     the rows of a `RowUpdate` written. Where `current` is a variable (a
     TensorFlow graph or eager step, an eager PyTorch one) they are written
     in place and the variable returned, which the trainer then leaves as
-    it is; a copy of a per-sample memory a step would cost more than the
-    step (0.1 s at 10M samples). XLA writes the scattered value in place."""
+    it is: a step that copied a per-sample memory whole would take time
+    in proportion to the data set. XLA writes the scattered value in
+    place."""
     if not isinstance(update, RowUpdate):
         return update
     backend = keras.backend.backend()
