@@ -197,7 +197,7 @@ def fresh_buffers(hlo_path, assignment_path):
                 conditionals.append((match[1], branches))
     conditionals = [c for c in conditionals if computation_of[c[0]] == entry]
     batch = {p for p in entry_params if p.startswith("args_1")}
-    fresh, allocation = {}, None
+    fresh, allocation = set(), None
     for line in assignment_path.read_text().splitlines():
         if match := ALLOCATION.match(line):
             about = match[2]
@@ -208,7 +208,7 @@ def fresh_buffers(hlo_path, assignment_path):
                 else "maybe-live-out" in about and "output shape" not in about
             )
         elif allocation and (match := VALUE.match(line)):
-            fresh[match[1]] = True
+            fresh.add(match[1])
     found = []
     for name, branches in conditionals:
         inputs = [

@@ -303,15 +303,10 @@ class Rows(NamedTuple):
 
 def _observe(filters, states, seen):
     """Each filter's state after a pass saw `seen`."""
+    observed = [f.observe(seen, state) for f, state in zip(filters, states)]
     return [
-        {
-            **state,
-            **{
-                name: write_rows(state[name], value)
-                for name, value in f.observe(seen, state).items()
-            },
-        }
-        for f, state in zip(filters, states)
+        {name: write_rows(state[name], value) for name, value in new.items()}
+        for state, new in zip(states, observed)
     ]
 
 
