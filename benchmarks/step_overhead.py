@@ -33,6 +33,12 @@ default (the graph on CPUs).
 The filters are active after their one warm-up epoch; the trained and
 scored fractions of the last epoch are printed beside each ratio.
 
+`--row-shape 128,768` gives every sample wide inputs instead (the blobs in
+the first 16 features of each of 128 positions, zeros after them), which
+the model averages over the positions before its two layers: a step that
+reads its batch once, as a model on precomputed token embeddings does,
+to show what the filters' queues cost per byte of a row.
+
 Usage:
 
 ```
@@ -41,6 +47,7 @@ KERAS_BACKEND=jax python benchmarks/step_overhead.py
 KERAS_BACKEND=torch python benchmarks/step_overhead.py --jit-compile auto
 python benchmarks/step_overhead.py --steps-per-execution 8
 python benchmarks/step_overhead.py --variants keras,pair,pair@one_program
+python benchmarks/step_overhead.py --row-shape 128,768 --samples 512
 python benchmarks/step_overhead.py --quick     # smoke run
 ```
 """
@@ -75,23 +82,38 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps-per-execution", type=int, default=1)
     parser.add_argument(
+        "--row-shape",
+        default="16",
+        help="a sample's input shape, e.g. `128,768`: positions, features",
+    )
+    parser.add_argument(
         "--jit-compile",
         choices=("true", "auto"),
         default="true",
         help="`auto`: Keras's default (eager on PyTorch)",
     )
     args = parser.parse_args(argv)
+    args.row_shape = tuple(int(d) for d in args.row_shape.split(","))
+    if len(args.row_shape) not in (1, 2) or args.row_shape[-1] < 16:
+        parser.error(
+            "--row-shape: expected FEATURES or POSITIONS,FEATURES with at "
+            f"least 16 features. Received: {args.row_shape}"
+        )
     if args.quick:
         args.samples, args.warmup, args.rounds = 512, 2, 2
     return args
 
 
-def make_data(n, seed=0):
+def make_data(n, row_shape=(16,), seed=0):
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 5, n).astype("int32")
     centers = rng.normal(size=(5, 16)) * 2.0
     x = (centers[y] + rng.normal(size=(n, 16))).astype("float32")
-    return x, y
+    if row_shape == (16,):
+        return x, y
+    wide = np.zeros((n, *row_shape), "float32")
+    wide[..., :16] = x.reshape((n,) + (1,) * (len(row_shape) - 1) + (16,))
+    return wide, y
 
 
 class UntrackedSequential(keras.Sequential):
@@ -114,9 +136,11 @@ def make_model(variant, n, args):
         if variant == "keras_untracked"
         else keras.Sequential
     )
+    pool = [keras.layers.GlobalAveragePooling1D()] * (len(args.row_shape) > 1)
     model = sequential(
         [
-            keras.Input((16,)),
+            keras.Input(args.row_shape),
+            *pool,
             keras.layers.Dense(32, activation="relu"),
             keras.layers.Dense(5),
         ]
@@ -152,7 +176,7 @@ def make_model(variant, n, args):
 
 def main(argv=None):
     args = parse_args(argv)
-    x, y = make_data(args.samples)
+    x, y = make_data(args.samples, args.row_shape)
     steps = args.samples // args.batch_size
     fits = {}
     for variant in args.variants.split(","):
@@ -166,6 +190,7 @@ def main(argv=None):
         f"samples={args.samples} "
         f"batch={args.batch_size} warmup={args.warmup} rounds={args.rounds} "
         f"steps_per_execution={args.steps_per_execution} "
+        f"row_shape={','.join(map(str, args.row_shape))} "
         f"jit_compile={args.jit_compile}"
     )
     print_table(seconds, logs, steps, reference=next(iter(fits)))

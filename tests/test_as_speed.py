@@ -1680,7 +1680,16 @@ def test_torch_compile_gives_the_eager_weights(sample_filter):
 
     eager, eager_logs = fit(False)
     compiled, compiled_logs = fit(True)
-    assert max_weight_diff(eager, compiled) < 1e-5
+    # Every weight the same, but the queue's stale rows (past its count).
+    buffers = {id(v) for v in eager._queue_variables() if len(v.shape) == 2}
+    count = sample_filter and int(
+        ops.convert_to_numpy(eager._train_queue.count)
+    )
+    for u, v in zip(eager.weights, compiled.weights):
+        a, b = ops.convert_to_numpy(u), ops.convert_to_numpy(v)
+        if id(u) in buffers:
+            a, b = a[:count], b[:count]
+        np.testing.assert_allclose(a, b, atol=1e-5, err_msg=u.path)
     assert compiled.accumulation_steps == eager.accumulation_steps == 2
     np.testing.assert_allclose(
         compiled_logs["masked_ratio"], eager_logs["masked_ratio"]

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 import sys
 import types
 import warnings
@@ -16,6 +17,7 @@ from keras_as_softmax import filters
 from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import _layout
 from keras_as_softmax.training import _queue
+from keras_as_softmax.training import _rows
 from tests.backend_utils import BACKEND
 from tests.backend_utils import MaskedTagger
 
@@ -47,21 +49,29 @@ def jit_compile(request, monkeypatch):
 
 
 def test_queue_appends_kept_rows_in_order_and_pops_the_front():
-    queue = _queue.RowQueue([np.zeros((8,), "int32")], np.int32(0))
-    queue = _queue.push(
-        queue, [np.arange(4, dtype="int32")], np.array([1, 0, 1, 1], bool)
-    )
-    queue = _queue.push(
-        queue, [np.arange(10, 14, dtype="int32")], np.array([0, 1, 0, 1], bool)
-    )
-    assert int(queue.count) == 5
-    np.testing.assert_array_equal(
-        ops.convert_to_numpy(queue.buffers[0])[:5], [0, 2, 3, 11, 13]
-    )
-    rows, queue = _queue.pop(queue, 4)
-    np.testing.assert_array_equal(ops.convert_to_numpy(rows[0]), [0, 2, 3, 11])
-    assert int(queue.count) == 1
-    assert int(ops.convert_to_numpy(queue.buffers[0])[0]) == 13
+    queue = _queue.RowQueue([np.zeros((8, 1), "int32")], np.int32(0))
+
+    def push_pop(queue, values, keep):
+        rows = [np.array(values, "int32")[:, None]]
+        popped, ready, queue = _queue.push_pop(
+            queue, rows, np.array(keep, bool), 4
+        )
+        waiting = ops.convert_to_numpy(queue.buffers[0])[: int(queue.count)]
+        return ops.convert_to_numpy(popped[0])[:, 0], bool(ready), waiting
+
+    popped, ready, waiting = push_pop(queue, [0, 1, 2, 3], [1, 0, 1, 1])
+    assert not ready
+    np.testing.assert_array_equal(waiting[:, 0], [0, 2, 3])
+    queue = _queue.RowQueue([np.array([[0], [2], [3], *[[9]] * 5])], 3)
+    popped, ready, waiting = push_pop(queue, [10, 11, 12, 13], [0, 1, 0, 1])
+    assert ready
+    np.testing.assert_array_equal(popped, [0, 2, 3, 11])
+    np.testing.assert_array_equal(waiting[:, 0], [13])
+    # A short batch, all kept, fills the front exactly.
+    queue = _queue.RowQueue([np.array([[5], *[[9]] * 7])], 1)
+    popped, ready, waiting = push_pop(queue, [20, 21, 22], [1, 1, 1])
+    assert ready and len(waiting) == 0
+    np.testing.assert_array_equal(popped, [5, 20, 21, 22])
 
 
 def test_layout_packs_a_rows_leaves_into_one_buffer_per_dtype():
@@ -82,6 +92,24 @@ def test_layout_packs_a_rows_leaves_into_one_buffer_per_dtype():
     assert [tuple(ops.shape(b)) for b in packed] == [(5, 4), (5, 4), (5, 1)]
     for a, b in zip(leaves, layout.unpack(packed)):
         np.testing.assert_array_equal(ops.convert_to_numpy(b), a)
+
+
+def test_layout_keeps_a_wide_row_leaf_in_a_buffer_of_its_own():
+    # Packed beside the others, it would be copied at every push and pop.
+    wide = (2, _layout.Layout.OWN_BUFFER_WIDTH // 2)
+    leaves = [((), "float32"), (wide, "float32"), ((3,), "float32")]
+    layout = _layout.Layout(leaves, rows=True)
+    assert layout.buffer_shapes(4) == [
+        ((4, 4), "float32"),
+        ((4, _layout.Layout.OWN_BUFFER_WIDTH), "float32"),
+    ]
+    rng = np.random.default_rng(0)
+    values = [rng.normal(size=(4, *s)).astype("float32") for s, _ in leaves]
+    packed = layout.pack([ops.convert_to_tensor(a) for a in values])
+    for a, b in zip(values, layout.unpack(packed)):
+        np.testing.assert_array_equal(ops.convert_to_numpy(b), a)
+    # Without a row axis (the optimizer's sums), one buffer per dtype.
+    assert len(_layout.Layout(leaves).buffer_shapes()) == 1
 
 
 def test_layout_packs_tensors_end_to_end_without_a_row_axis():
@@ -266,16 +294,17 @@ def test_eager_queue_runs_the_static_queues_passes(make_filter):
     )
     static, _, static_state = run_pipeline(make_filter(), easy)
     eager, _, eager_state = run_pipeline(make_filter(), easy, step=eager_step)
-    # The same queues, stale rows included, so a saved model is the same.
+    # The same rows waiting in the queues (the stale ones may differ).
     for name in ("score_queue", "train_queue"):
         a, b = getattr(eager_state, name), getattr(static_state, name)
         assert (a is None) == (b is None)
         if a is None:
             continue
-        assert int(a.count) == int(b.count)
+        count = int(a.count)
+        assert count == int(b.count)
         for x, y in zip(a.buffers, b.buffers):
             np.testing.assert_array_equal(
-                ops.convert_to_numpy(x), ops.convert_to_numpy(y)
+                ops.convert_to_numpy(x)[:count], ops.convert_to_numpy(y)[:count]
             )
     assert len(eager.trained) == len(static.trained)
     for (ids, coefficients), (ids_, coefficients_) in zip(
@@ -410,7 +439,7 @@ def observe(f, memory, ids, counted, masked, values, epoch=3):
         T.int32(epoch),
     )
     update = f.observe(seen, {f.memory_name: memory})[f.memory_name]
-    return _filtering.write_rows(memory, update)
+    return _rows.write_rows(memory, update)
 
 
 def test_last_seen_memory_ages_out_after_max_skipped_epochs():
@@ -914,15 +943,24 @@ def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
 
 @pytest.mark.parametrize("jit_compile", JIT, indirect=True)
 @pytest.mark.parametrize(
-    "make_filter", [filters.SkipMaskedLastSeen, filters.InfoBatch]
+    "make_filters",
+    [
+        lambda: [filters.SkipMaskedLastSeen(64, seed=1)],
+        lambda: [filters.InfoBatch(64, seed=1)],
+        lambda: [filters.SkipMasked(0.0)],
+        lambda: [filters.SkipMaskedLastSeen(64, seed=1), filters.SkipMasked()],
+    ],
+    ids=["last_seen", "infobatch", "skip_masked", "pair"],
 )
-def test_a_memory_filter_writes_only_the_rows_it_saw(
-    monkeypatch, jit_compile, make_filter
+def test_a_filtered_step_writes_only_the_rows_it_touches(
+    monkeypatch, jit_compile, make_filters
 ):
-    """A step writes the samples' rows of a per-sample memory in place,
-    never the memory whole: on TensorFlow without XLA and on PyTorch an
-    assignment copied it at every step (0.1 s a step at 10M samples). JAX
-    scatters into the value, which XLA updates in place."""
+    """A step writes the rows it queues, pops or saw in its queues and a
+    per-sample memory in place, never a buffer whole: on TensorFlow
+    without XLA and on PyTorch an assignment copied it at every step (a
+    memory: 0.1 s a step at 10M samples; a queue: in proportion to a
+    row's width). JAX scatters into the value, which XLA updates in
+    place."""
     if BACKEND == "jax":
         pytest.skip("a step's state is a value on JAX")
     assigned = []
@@ -934,8 +972,8 @@ def test_a_memory_filter_writes_only_the_rows_it_saw(
 
     monkeypatch.setattr(keras.Variable, "assign", recording)
     x, y = sentence_data()
-    f = make_filter(64, seed=1)
-    wrapped = kas.ASSpeed(small_model(), sample_filter=f)
+    sample_filter = make_filters()
+    wrapped = kas.ASSpeed(small_model(), sample_filter=sample_filter)
     wrapped.compile(
         optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=jit_compile
     )
@@ -943,10 +981,18 @@ def test_a_memory_filter_writes_only_the_rows_it_saw(
         filters.with_sample_ids(x), y, batch_size=8, epochs=3, verbose=0
     ).history
     assert min(history["trained_fraction"]) < 1.0  # it left samples out
-    assert any("queue" in path for path in assigned)  # the spy saw the step
-    assert not [p for p in assigned if p.endswith(f.memory_name)], assigned
-    memory = state_of(wrapped, f.memory_name)
-    assert np.any(memory != f.memory_initial)  # yet the memory was written
+    assert any(p.endswith("queue_count") for p in assigned)  # the spy saw it
+    buffers = [p for p in assigned if re.search(r"queue_\d+$", p)]
+    assert not buffers, buffers
+    for f in sample_filter:
+        if f.scores:
+            continue
+        assert not [p for p in assigned if p.endswith(f.memory_name)]
+        memory = state_of(wrapped, f.memory_name)
+        assert np.any(memory != f.memory_initial)  # yet it was written
+    queues = [q for q in (wrapped._score_queue, wrapped._train_queue) if q]
+    buffers = [ops.convert_to_numpy(b) for q in queues for b in q.buffers]
+    assert any(np.any(b != 0) for b in buffers)  # rows were queued
 
 
 def test_resume_mid_epoch_keeps_filters_and_memory(tmp_path):
@@ -2040,6 +2086,41 @@ def test_weights_saved_by_0_5_13_resume_with_every_queued_row_full_size():
     np.testing.assert_array_equal(loaded[:, -1], 8.0)
     assert int(ops.convert_to_numpy(restored._train_queue.count)) == 4
     restored.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("width", [6, 4096])
+def test_a_file_of_0_5_19_loads_unless_its_rows_are_wide(width):
+    """0.5.14 to 0.5.19 (format 2) packed a wide leaf with the others;
+    0.5.20 keeps it in a buffer of its own, so such a file is refused
+    with a way out, and any other loads as it is."""
+    x, y = sentence_data()
+    x = np.tile(x, (1, width // 6 + 1))[:, :width]
+
+    def fitted(epochs):
+        wrapped = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
+        wrapped.compile(optimizer="sgd", loss=kas.ASSoftmaxLoss(0.3))
+        wrapped.fit(x, y, batch_size=8, epochs=epochs, verbose=0)
+        return wrapped
+
+    def small_model():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((width,))
+        return keras.Model(inputs, keras.layers.Dense(NUM_CLASSES)(inputs))
+
+    store = {}
+    fitted(1).save_own_variables(store)
+    spec = json.loads(bytes(store["filter_spec"]).decode())
+    assert spec["format"] == 3
+    spec["format"] = 2
+    store["filter_spec"] = np.frombuffer(json.dumps(spec).encode(), "uint8")
+    restored = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
+    if width < _layout.Layout.OWN_BUFFER_WIDTH:
+        restored.load_own_variables(store)
+        assert len(restored._train_queue.buffers) == 2  # float32, int32
+        return
+    match = r"0\.5\.19.*\[\[4096\]\].*inner_model"
+    with pytest.raises(ValueError, match=match):
+        restored.load_own_variables(store)
 
 
 @pytest.mark.parametrize("how", ["load_weights", "set_weights"])

@@ -37,13 +37,13 @@ import keras
 from keras import ops
 from keras.src.backend.common.masking import get_keras_mask
 
-from keras_as_softmax.filters.base import RowUpdate
 from keras_as_softmax.filters.base import Seen
 from keras_as_softmax.filters.base import View
 from keras_as_softmax.losses._common import ignore_class_of
 from keras_as_softmax.losses._common import rows_rank
 from keras_as_softmax.losses._common import valid_rows
 from keras_as_softmax.training import _queue
+from keras_as_softmax.training._rows import write_rows
 
 
 class FilterState(NamedTuple):
@@ -310,36 +310,6 @@ def _observe(filters, states, seen):
     ]
 
 
-def write_rows(current, update):
-    """A state entry after `observe`: `update` itself, or `current` with
-    the rows of a `RowUpdate` written. Where `current` is a variable (a
-    TensorFlow graph or eager step, an eager PyTorch one) they are written
-    in place and the variable returned, which the trainer then leaves as
-    it is: a step that copied a per-sample memory whole would take time
-    in proportion to the data set. XLA writes the scattered value in
-    place."""
-    if not isinstance(update, RowUpdate):
-        return update
-    backend = keras.backend.backend()
-    if backend == "tensorflow" and hasattr(current, "scatter_update"):
-        import tensorflow as tf
-
-        values = ops.cast(update.values, current.dtype)
-        current.scatter_update(tf.IndexedSlices(values, update.ids))
-        return current
-    if backend == "torch":
-        import torch
-
-        if isinstance(current, torch.nn.Parameter):
-            with torch.no_grad():
-                current.index_copy_(
-                    0, update.ids.long(), update.values.to(current.dtype)
-                )
-            return current
-    ids = ops.expand_dims(update.ids, -1)
-    return ops.scatter_update(current, ids, update.values)
-
-
 def _apply_weight(rows, go, keep, weight):
     """`keep` and the coefficients times `weight` where `go`; else every
     row kept as it was."""
@@ -453,8 +423,8 @@ def filtered_step(
         draws: a function `(filter index, size) -> float32 [size]` of
             uniform draws for the filters that need them.
         hooks: the backend's passes, see `_tensorflow.py` / `_jax.py`.
-        queue_ops: `push`, `pop` and `select` of the queues: `_queue`'s,
-            or the same for eager steps (`_torch.EagerQueue`).
+        queue_ops: the queues' `push_pop`: `_queue`'s, or the same for
+            eager steps (`_torch.EagerQueue`).
 
     Returns:
         `(StepOutput, FilterState)`.
@@ -470,16 +440,14 @@ def filtered_step(
     batch = ops.shape(rows.ids)[0]
     n_x, n_y = len(rows.x), len(rows.y)
 
-    def push(queue, rows, keep):
-        return queue_ops.push(queue, layout.pack(rows.flat()), keep)
-
-    def pop(queue):
-        """`(rows, queue, ready)`: the first `size` rows, the queue left
-        (without them only if `ready`, when that many were waiting)."""
-        popped, rest = queue_ops.pop(queue, size)
-        ready = queue.count >= size
+    def push_pop(queue, rows, keep):
+        """`(rows, ready, queue)`: the first `size` rows after `rows`'
+        kept ones joined the queue, whether that many waited, and the
+        queue left (without them if so)."""
+        packed = layout.pack(rows.flat())
+        popped, ready, queue = queue_ops.push_pop(queue, packed, keep, size)
         rows = Rows.unflat(layout.unpack(popped), n_x, n_y)
-        return rows, queue_ops.select(ready, rest, queue), ready
+        return rows, ready, queue
 
     epoch, epochs = model._epoch_state()
     count_all = ops.zeros((), "float32")
@@ -497,13 +465,8 @@ def filtered_step(
         skipped = _memory_skipped(rows, keep)
         count_all += skipped
         count_masked += skipped
-        if not scoring_at:
-            state = state._replace(
-                train_queue=push(state.train_queue, rows, keep)
-            )
-        else:
-            queue = push(state.score_queue, rows, keep)
-            rows, queue, ready = pop(queue)
+        if scoring_at:
+            rows, ready, queue = push_pop(state.score_queue, rows, keep)
             state = state._replace(score_queue=queue)
 
     # A scoring filter: score, keep what it selects.
@@ -538,10 +501,9 @@ def filtered_step(
         rows = rows._replace(
             counted=ops.where(go, ops.ones_like(rows.counted), rows.counted)
         )
-        state = state._replace(train_queue=push(state.train_queue, rows, keep))
 
     # The training pass, on `size` queued rows.
-    rows, queue, full = pop(state.train_queue)
+    rows, full, queue = push_pop(state.train_queue, rows, keep)
     state = state._replace(train_queue=queue)
     train_x = keras.tree.pack_sequence_as(x, rows.x)
     train_y = keras.tree.pack_sequence_as(y, rows.y)

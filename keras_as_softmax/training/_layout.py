@@ -1,4 +1,5 @@
-"""`Layout`: many tensors held as one buffer per dtype.
+"""`Layout`: many tensors held as one buffer per dtype (a wide row leaf:
+one of its own).
 
 A compiled step passes each buffer of its state in and out at a cost per
 buffer (JAX dispatches, donates and re-wraps each one; TensorFlow reads
@@ -26,19 +27,31 @@ class Layout:
             with `rows=True`).
         rows: whether the tensors share a leading row axis, kept in the
             buffers (`[rows, width]`, one row's leaves side by side), or
-            not (`[width]`, the tensors end to end).
+            not (`[width]`, the tensors end to end). A row's leaf of
+            `OWN_BUFFER_WIDTH` values or more keeps a buffer of its own:
+            packed beside others it would be copied (a concatenation along
+            the rows' inner axis) at every push and pop of a queue, which
+            costs more than a buffer.
     """
+
+    OWN_BUFFER_WIDTH = 4096
 
     def __init__(self, leaves, rows=False):
         self.rows = rows
         self.dtypes, self.widths, self.slots = [], [], []
+        keys = []
         for shape, dtype in leaves:
-            if dtype not in self.dtypes:
+            width = int(np.prod(shape, dtype="int64"))
+            key = dtype
+            if rows and width >= self.OWN_BUFFER_WIDTH:
+                key = (dtype, len(self.slots))
+            if key not in keys:
+                keys.append(key)
                 self.dtypes.append(dtype)
                 self.widths.append(0)
-            index = self.dtypes.index(dtype)
+            index = keys.index(key)
             start = self.widths[index]
-            self.widths[index] += int(np.prod(shape, dtype="int64"))
+            self.widths[index] += width
             self.slots.append((index, start, self.widths[index], tuple(shape)))
 
     def buffer_shapes(self, rows=None):

@@ -8,9 +8,9 @@ window is `AccumulatingOptimizer`'s, as on the other backends.
 The filters run through `_filtering.filtered_step`, as on TensorFlow and
 JAX: the same decisions and the same training passes on the same queued
 rows. In eager steps the queues are pushed and popped with slices of the
-rows kept (`EagerQueue`), which costs a fraction of the static-shape
-gathers that XLA needs; under `torch.compile` (`jit_compile=True`) they
-use those gathers (`_queue`), so that every step has one shape.
+rows kept (`EagerQueue`), which costs a fraction of the static-shape sorts
+and gathers that XLA needs; under `torch.compile` (`jit_compile=True`)
+they use those (`_queue`), so that every step has one shape.
 
 `keras.ops.cond` is a Python `if` on PyTorch, so the end of a window and
 each pass are decided on the host: on a CPU that costs nothing, on a GPU
@@ -149,37 +149,33 @@ def _counts(model, recorded, y, y_pred, sample_weight):
 
 
 class EagerQueue:
-    """`_queue`'s `push`, `pop` and `select` for eager steps: the same
-    queue (buffers of `2 * batch_size` rows and a count) with the same
-    contents, written with slices of the rows kept instead of
-    static-shape sorts and gathers. Each reads the count on the host; none
-    changes its inputs."""
+    """`_queue.push_pop` for eager steps: the same queue (buffers of
+    `2 * batch_size` rows and a count) with the same rows waiting, written
+    in place with slices instead of static-shape sorts, gathers and a
+    scatter. It reads the count on the host."""
 
     @staticmethod
-    def push(queue, rows, keep):
+    def push_pop(queue, rows, keep, size):
         index = torch.nonzero(keep.reshape(-1)).reshape(-1)
         count, taken = int(queue.count), int(index.numel())
-        buffers = []
-        for buffer, row in zip(queue.buffers, rows):
-            buffer = buffer.clone()
-            buffer[count : count + taken] = row[index].to(buffer.dtype)
-            buffers.append(buffer)
-        return _queue.RowQueue(buffers, queue.count + taken)
-
-    @staticmethod
-    def pop(queue, size):
-        rows = [b[:size].clone() for b in queue.buffers]
-        # Shifted down by `size`, the last row repeated behind, as `_queue`.
-        capacity = queue.buffers[0].shape[0]
-        shift = torch.arange(capacity, device=queue.buffers[0].device) + size
-        shift = torch.clamp(shift, max=capacity - 1)
-        rest = [b[shift] for b in queue.buffers]
-        count = torch.clamp(queue.count - size, min=0)
-        return rows, _queue.RowQueue(rest, count)
-
-    @staticmethod
-    def select(condition, a, b):
-        return a if bool(condition) else b
+        ready = count + taken >= size
+        popped = []
+        with torch.no_grad():
+            for buffer, row in zip(queue.buffers, rows):
+                kept = row[index].to(buffer.dtype)
+                if ready:
+                    front = size - count
+                    popped.append(torch.cat([buffer[:count], kept[:front]]))
+                    buffer[: taken - front] = kept[front:]
+                else:
+                    popped.append(buffer[:size].clone())
+                    buffer[count : count + taken] = kept
+        left = count + taken - size * ready
+        return (
+            popped,
+            torch.tensor(ready, device=queue.count.device),
+            _queue.RowQueue(queue.buffers, queue.count + (left - count)),
+        )
 
 
 class _Hooks:

@@ -351,8 +351,11 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             )
 
         two = self._memory_filter is not None and self._scoring_filter
-        self._score_queue = queue("score_queue") if two else None
-        self._train_queue = queue("train_queue")
+        # Under a `tf.distribute` strategy, a copy of each queue on every
+        # replica, as the other weights: a step reads and writes its rows.
+        with self._strategy_scope():
+            self._score_queue = queue("score_queue") if two else None
+            self._train_queue = queue("train_queue")
         self._filter_spec = spec
 
     def _filter_state(self):
@@ -377,14 +380,16 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             if variables is None:
                 return
             for v, x in zip(variables.buffers, values.buffers):
-                v.assign(x)
+                # Rows written in place (`_rows.write_rows`).
+                if x is not v.value:
+                    v.assign(x)
             variables.count.assign(values.count)
 
         queue(self._score_queue, state.score_queue)
         queue(self._train_queue, state.train_queue)
         for variables, values in zip(self._filter_states, state.states):
             for name, variable in variables.items():
-                # Rows written in place (`_filtering.write_rows`).
+                # Rows written in place (`_rows.write_rows`).
                 if values[name] is not variable.value:
                     variable.assign(values[name])
 
@@ -1062,7 +1067,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         row = (row_tail, "float32")
         leaves += [row, row, ((), "int32"), ((), "float32"), ((), "float32")]
         spec = {
-            "format": 2,
+            "format": 3,
             "batch_size": batch,
             "row_tail": list(row_tail),
             "output_tail": list(output.shape[1:]),
@@ -1500,14 +1505,35 @@ def _same(variables, others):
 def _current_spec(spec):
     """A filter spec as this version lays out the queues: one saved by
     0.5.13 or earlier (no `format`) lacks the rows' last leaf, the size of
-    the batch each was drawn in."""
-    if "format" in spec:
-        return spec
-    return {
-        **spec,
-        "format": 2,
-        "leaves": [*spec["leaves"], [[], "float32"]],
-    }
+    the batch each was drawn in; one saved by 0.5.19 or earlier (format 2)
+    packed wide leaves beside the others, which format 3 keeps in buffers
+    of their own (`_layout.Layout`): the same layout if none is wide, else
+    refused."""
+    if "format" not in spec:
+        spec = {
+            **spec,
+            "format": 2,
+            "leaves": [*spec["leaves"], [[], "float32"]],
+        }
+    if spec["format"] == 2:
+        wide = [
+            shape
+            for shape, _ in spec["leaves"]
+            if np.prod(shape, dtype="int64") >= _layout.Layout.OWN_BUFFER_WIDTH
+        ]
+        if wide:
+            raise ValueError(
+                "These weights were saved by keras-as-softmax 0.5.19 or "
+                "earlier, whose filter queues packed rows of shapes "
+                f"{wide} beside the others. Expected queues laid out as "
+                f"0.5.20 lays them out: a row's leaf of "
+                f"{_layout.Layout.OWN_BUFFER_WIDTH} values or more in a "
+                "buffer of its own. To go on training, load the file with "
+                "0.5.19, save `model.inner_model`'s weights, and wrap them "
+                "anew (the queues start empty)."
+            )
+        spec = {**spec, "format": 3}
+    return spec
 
 
 def _spec_difference(expected, received):

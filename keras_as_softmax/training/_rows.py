@@ -1,0 +1,71 @@
+"""Reading and writing some rows of a step's state: in place where the
+state is a variable.
+
+A filtered step keeps its queues and a memory filter's per-sample memory as
+model variables, and touches a few rows of each per step. Written as values
+(`take`, `scatter_update`), XLA updates the donated buffers in place; a
+TensorFlow graph without XLA and eager PyTorch would copy each variable
+whole, at a cost in proportion to the data set or a row's width. So where
+the step holds the variable itself, rows are read and written through it.
+"""
+
+import keras
+from keras import ops
+
+from keras_as_softmax.filters.base import RowUpdate
+
+
+def read_rows(current, ids):
+    """`current`'s rows `ids` (int32 `[n]`), a new tensor: on a TensorFlow
+    variable a gather from it, which leaves it free for `write_rows` to
+    write in place (a read of the whole variable would make that write
+    copy it first). A `tf.distribute` variable, which has no such gather,
+    is read whole."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        distributed = isinstance(current, tf.distribute.DistributedValues)
+        if hasattr(current, "sparse_read") and not distributed:
+            return current.sparse_read(ids)
+    return ops.take(current, ids, axis=0)
+
+
+def reads_first(reads, buffers):
+    """`(reads, buffers)` as they are, the reads ordered before any write
+    to the buffers. XLA updates a donated buffer in place only when it can
+    order the reads of it before the write; without the order it copies
+    the buffer whole, twice (jaxlib 0.12: an optimization barrier orders
+    them; 0.10.2 copies either way)."""
+    if keras.backend.backend() != "jax":
+        return reads, buffers
+    import jax
+
+    return jax.lax.optimization_barrier((reads, buffers))
+
+
+def write_rows(current, update):
+    """A state entry after a step: `update` itself, or `current` with the
+    rows of a `RowUpdate` written. Where `current` is a variable (a
+    TensorFlow graph or eager step, an eager PyTorch one) they are written
+    in place and the variable returned, which the trainer then leaves as
+    it is. XLA writes the scattered value in place."""
+    if not isinstance(update, RowUpdate):
+        return update
+    backend = keras.backend.backend()
+    if backend == "tensorflow" and hasattr(current, "scatter_update"):
+        import tensorflow as tf
+
+        values = ops.cast(update.values, current.dtype)
+        current.scatter_update(tf.IndexedSlices(values, update.ids))
+        return current
+    if backend == "torch":
+        import torch
+
+        if isinstance(current, torch.nn.Parameter):
+            with torch.no_grad():
+                current.index_copy_(
+                    0, update.ids.long(), update.values.to(current.dtype)
+                )
+            return current
+    ids = ops.expand_dims(update.ids, -1)
+    return ops.scatter_update(current, ids, update.values)
