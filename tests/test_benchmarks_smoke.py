@@ -87,6 +87,28 @@ def test_step_overhead_quick_prints_every_variant():
         assert float(rows[name][3]) > 0, out  # these filters scored
 
 
+def test_step_overhead_takes_wide_rows():
+    # 8 x 512 values a sample: a queue buffer of their own.
+    backend = keras.backend.backend()
+    if backend not in ("tensorflow", "jax"):
+        pytest.skip(f"ASSpeed trains on tensorflow or jax, not {backend}")
+    out = run_quick(
+        STEP_OVERHEAD,
+        backend,
+        300,
+        "--row-shape",
+        "8,512",
+        "--variants",
+        "keras,skip_masked",
+    )
+    assert "row_shape=8,512" in out, out
+    lines = out.splitlines()
+    (row,) = [line.split() for line in lines if "skip_masked" in line]
+    assert float(row[1]) > 0 and float(row[4]) > 0, out  # it scored
+    with pytest.raises(AssertionError, match="at least 16 features"):
+        run_quick(STEP_OVERHEAD, backend, 60, "--row-shape", "8")
+
+
 PAPER_TABLES = SCRIPT.parent / "paper_tables.py"
 # Every method row runs in the scratch tasks; one fine-tuning task (tiny
 # random BERT) covers that regime.
