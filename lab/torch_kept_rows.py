@@ -107,7 +107,7 @@ def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
         if not (size(rows) and bool(go)):
             continue
         score_y = keras.tree.pack_sequence_as(y, rows.y)
-        y_pred = hooks.score(keras.tree.pack_sequence_as(x, rows.x))
+        y_pred, _ = hooks.score(keras.tree.pack_sequence_as(x, rows.x))
         view, counted, masked, values = _filtering._scoring_view(
             loss,
             rows,
@@ -122,6 +122,7 @@ def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
             score_y,
             y_pred,
             rows.metric_weight,
+            ops.ones_like(rows.metric_weight),
             ops.sum(rows.coefficients * values),
             ops.ones((), "float32"),
         )
@@ -152,7 +153,9 @@ def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
         states = _filtering._observe(filters, states, seen)
         if metric_out is None:
             one = ops.ones((), "float32")
-            metric_out = (train_y, y_pred, rows.metric_weight, value, one)
+            weight = rows.metric_weight
+            covered = ops.ones_like(weight)
+            metric_out = (train_y, y_pred, weight, covered, value, one)
     if metric_out is None:
         # Nothing ran: the drawn rows, weighted 0.
         drawn = _filtering._drawn_rows(model, x, y, sample_weight, ids)
@@ -160,6 +163,7 @@ def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
         metric_out = (
             y,
             hooks.no_output(x),
+            ops.zeros_like(drawn.metric_weight),
             ops.zeros_like(drawn.metric_weight),
             zero,
             zero,

@@ -32,10 +32,10 @@ def read_rows(current, ids):
 
 def reads_first(reads, buffers):
     """`(reads, buffers)` as they are, the reads ordered before any write
-    to the buffers. XLA updates a donated buffer in place only when it can
-    order the reads of it before the write; without the order it copies
-    the buffer whole, twice (jaxlib 0.12: an optimization barrier orders
-    them; 0.10.2 copies either way)."""
+    to the buffers. XLA updates a donated buffer in place only where it
+    can order the reads of it before the write: without the order, jaxlib
+    0.12 on a CPU copies the buffer whole, twice, and an optimization
+    barrier spares the copies (0.10.2 copies either way)."""
     if keras.backend.backend() != "jax":
         return reads, buffers
     import jax
