@@ -43,7 +43,7 @@ class Layout:
         for shape, dtype in leaves:
             width = int(np.prod(shape, dtype="int64"))
             key = dtype
-            if rows and width >= self.OWN_BUFFER_WIDTH:
+            if rows and self.has_own_buffer(shape):
                 key = (dtype, len(self.slots))
             if key not in keys:
                 keys.append(key)
@@ -53,6 +53,11 @@ class Layout:
             start = self.widths[index]
             self.widths[index] += width
             self.slots.append((index, start, self.widths[index], tuple(shape)))
+
+    @classmethod
+    def has_own_buffer(cls, shape):
+        """Whether a row's leaf of `shape` keeps a buffer of its own."""
+        return np.prod(shape, dtype="int64") >= cls.OWN_BUFFER_WIDTH
 
     def buffer_shapes(self, rows=None):
         """`(shape, dtype)` of each buffer (`rows` rows, with `rows=True`)."""

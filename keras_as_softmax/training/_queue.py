@@ -65,11 +65,12 @@ def push_pop(queue, rows, keep, size):
     front = ops.arange(size, dtype="int32")
     waiting = ops.expand_dims(front < count, -1)
     from_batch = ops.take(order, ops.clip(front - count, 0, n - 1))
+    rows = [ops.cast(row, b.dtype) for b, row in zip(queue.buffers, rows)]
     popped = [
         ops.where(
             waiting,
             read_rows(buffer, front),
-            ops.take(ops.cast(row, buffer.dtype), from_batch, axis=0),
+            ops.take(row, from_batch, axis=0),
         )
         for buffer, row in zip(queue.buffers, rows)
     ]
@@ -80,7 +81,7 @@ def push_pop(queue, rows, keep, size):
     slots = (place + count + shift) % capacity
     popped, buffers = reads_first(popped, queue.buffers)
     buffers = [
-        write_rows(buffer, RowUpdate(slots, ops.cast(row, buffer.dtype)))
+        write_rows(buffer, RowUpdate(slots, row))
         for buffer, row in zip(buffers, rows)
     ]
     left = count + taken - ops.where(ready, size, 0)

@@ -376,22 +376,20 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         )
 
     def _assign_filter_state(self, state):
-        def queue(variables, values):
-            if variables is None:
-                return
-            for v, x in zip(variables.buffers, values.buffers):
-                # Rows written in place (`_rows.write_rows`).
-                if x is not v.value:
-                    v.assign(x)
-            variables.count.assign(values.count)
-
-        queue(self._score_queue, state.score_queue)
-        queue(self._train_queue, state.train_queue)
+        pairs = []
+        for variables, values in (
+            (self._score_queue, state.score_queue),
+            (self._train_queue, state.train_queue),
+        ):
+            if variables is not None:
+                pairs += zip(variables.buffers, values.buffers)
+                pairs.append((variables.count, values.count))
         for variables, values in zip(self._filter_states, state.states):
-            for name, variable in variables.items():
-                # Rows written in place (`_rows.write_rows`).
-                if values[name] is not variable.value:
-                    variable.assign(values[name])
+            pairs += [(v, values[name]) for name, v in variables.items()]
+        for variable, value in pairs:
+            # Rows written in place (`_rows.write_rows`) are left as they are.
+            if value is not variable.value:
+                variable.assign(value)
 
     def _filter_variables(self):
         """The variables a filtered step assigns besides the model's."""
@@ -1519,7 +1517,7 @@ def _current_spec(spec):
         wide = [
             shape
             for shape, _ in spec["leaves"]
-            if np.prod(shape, dtype="int64") >= _layout.Layout.OWN_BUFFER_WIDTH
+            if _layout.Layout.has_own_buffer(shape)
         ]
         if wide:
             raise ValueError(
