@@ -995,6 +995,89 @@ def test_a_filtered_step_writes_only_the_rows_it_touches(
     assert any(np.any(b != 0) for b in buffers)  # rows were queued
 
 
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's kernels")
+def test_in_place_rows_follow_tensorflows_gpu_kernels():
+    """`_rows.in_place` refuses what TensorFlow cannot gather or scatter
+    in a variable on a GPU: int32 alone, in its kernel registry."""
+    import tensorflow as tf
+    from tensorflow.python.framework import kernels
+
+    def on_gpu(op, dtype):
+        return any(
+            k.device_type == "GPU"
+            and any(
+                c.name == "dtype"
+                and dtype.as_datatype_enum in c.allowed_values.list.type
+                for c in k.constraint
+            )
+            for k in kernels.get_registered_kernels_for_op(op).kernel
+        )
+
+    if not on_gpu("ResourceGather", tf.float32):
+        pytest.skip("a TensorFlow build without GPU kernels")
+    gpu, cpu = (f"/job:localhost/task:0/device:{d}:0" for d in ("GPU", "CPU"))
+    dtypes = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
+    for dtype in map(tf.as_dtype, (*dtypes, "uint8", "int8")):
+        kernel = on_gpu("ResourceGather", dtype) and on_gpu(
+            "ResourceScatterUpdate", dtype
+        )
+        assert _rows.in_place(dtype, gpu) == kernel, dtype
+        assert _rows.in_place(dtype, cpu)
+    assert not _rows.in_place("int32", "")
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's kernels")
+@pytest.mark.parametrize("jit_compile", JIT, indirect=True)
+def test_int32_rows_read_and_written_whole_train_the_same(
+    monkeypatch, jit_compile
+):
+    """Where a step cannot write an int32 variable's rows in place (a GPU:
+    `_rows.in_place`), it assigns the int32 queue buffers whole, and
+    trains the weights and queues the in-place step does."""
+    import tensorflow as tf
+
+    x, y = sentence_data()
+
+    def fit():
+        wrapped = kas.ASSpeed(
+            small_model(),
+            sample_filter=[
+                filters.SkipMaskedLastSeen(64, seed=1),
+                filters.SkipMasked(0.0),
+            ],
+        )
+        wrapped.compile(
+            optimizer="adam",
+            loss=kas.ASSoftmaxLoss(0.3),
+            jit_compile=jit_compile,
+        )
+        history = wrapped.fit(
+            filters.with_sample_ids(x), y, batch_size=8, epochs=3, verbose=0
+        ).history
+        assert min(history["trained_fraction"]) < 1.0
+        return [ops.convert_to_numpy(v) for v in wrapped.variables]
+
+    in_place = fit()
+    assigned = []
+    assign = keras.Variable.assign
+
+    def recording(variable, value):
+        assigned.append(variable)
+        return assign(variable, value)
+
+    monkeypatch.setattr(keras.Variable, "assign", recording)
+    monkeypatch.setattr(
+        _rows, "in_place", lambda dtype, device: tf.as_dtype(dtype) != "int32"
+    )
+    whole = fit()
+    buffers = {
+        v.path: v.dtype for v in assigned if re.search(r"queue_\d+$", v.path)
+    }
+    assert buffers and set(buffers.values()) == {"int32"}, buffers
+    for a, b in zip(in_place, whole):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_resume_mid_epoch_keeps_filters_and_memory(tmp_path):
     # Interrupted in the third epoch, with both filters skipping: the
     # resumed run restores the weights, the queues, the memory and the

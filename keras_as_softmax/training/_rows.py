@@ -20,14 +20,33 @@ def read_rows(current, ids):
     variable a gather from it, which leaves it free for `write_rows` to
     write in place (a read of the whole variable would make that write
     copy it first). A `tf.distribute` variable, which has no such gather,
-    is read whole."""
+    is read whole, as is one `in_place` refuses."""
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
         distributed = isinstance(current, tf.distribute.DistributedValues)
-        if hasattr(current, "sparse_read") and not distributed:
+        if (
+            hasattr(current, "sparse_read")
+            and not distributed
+            and in_place(current.dtype, current.device)
+        ):
             return current.sparse_read(ids)
     return ops.take(current, ids, axis=0)
+
+
+def in_place(dtype, device):
+    """Whether TensorFlow gathers and scatters the rows of a variable of
+    `dtype` on `device` (its device string) in place. It has no GPU kernel
+    for either on int32, which it keeps in host memory there, so such a
+    variable is read whole and assigned its new value (a copy a step, of a
+    queue buffer of token ids, say)."""
+    import tensorflow as tf
+
+    if tf.as_dtype(dtype) != tf.int32:
+        return True
+    return (
+        bool(device) and tf.DeviceSpec.from_string(device).device_type == "CPU"
+    )
 
 
 def reads_first(reads, buffers):
@@ -52,7 +71,11 @@ def write_rows(current, update):
     if not isinstance(update, RowUpdate):
         return update
     backend = keras.backend.backend()
-    if backend == "tensorflow" and hasattr(current, "scatter_update"):
+    if (
+        backend == "tensorflow"
+        and hasattr(current, "scatter_update")
+        and in_place(current.dtype, current.device)
+    ):
         import tensorflow as tf
 
         values = ops.cast(update.values, current.dtype)
