@@ -995,35 +995,115 @@ def test_a_filtered_step_writes_only_the_rows_it_touches(
     assert any(np.any(b != 0) for b in buffers)  # rows were queued
 
 
+def _gpu_kernel(op, attrs):
+    """Whether TensorFlow registers a GPU kernel for `op` with the type
+    attributes `attrs` (`{name: DataType enum}`), or `None` in a build
+    without GPU kernels."""
+    from tensorflow.python.framework import kernels
+
+    def registered(kernel):
+        return kernel.device_type in ("GPU", "DEFAULT") and all(
+            attrs[c.name] in c.allowed_values.list.type
+            for c in kernel.constraint
+            if c.name in attrs
+        )
+
+    gather = kernels.get_registered_kernels_for_op("ResourceGather").kernel
+    if not any(k.device_type == "GPU" for k in gather):
+        return None
+    return any(
+        registered(k) for k in kernels.get_registered_kernels_for_op(op).kernel
+    )
+
+
+GPU = "/job:localhost/replica:0/task:0/device:GPU:0"
+
+
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's kernels")
 def test_in_place_rows_follow_tensorflows_gpu_kernels():
     """`_rows.in_place` refuses what TensorFlow cannot gather or scatter
     in a variable on a GPU: int32 alone, in its kernel registry."""
     import tensorflow as tf
-    from tensorflow.python.framework import kernels
 
-    def on_gpu(op, dtype):
-        return any(
-            k.device_type == "GPU"
-            and any(
-                c.name == "dtype"
-                and dtype.as_datatype_enum in c.allowed_values.list.type
-                for c in k.constraint
-            )
-            for k in kernels.get_registered_kernels_for_op(op).kernel
-        )
-
-    if not on_gpu("ResourceGather", tf.float32):
+    if _gpu_kernel("ResourceGather", {}) is None:
         pytest.skip("a TensorFlow build without GPU kernels")
-    gpu, cpu = (f"/job:localhost/task:0/device:{d}:0" for d in ("GPU", "CPU"))
     dtypes = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
     for dtype in map(tf.as_dtype, (*dtypes, "uint8", "int8")):
-        kernel = on_gpu("ResourceGather", dtype) and on_gpu(
-            "ResourceScatterUpdate", dtype
+        attrs = {"dtype": dtype.as_datatype_enum, "Tindices": 3}
+        kernel = _gpu_kernel("ResourceGather", attrs) and _gpu_kernel(
+            "ResourceScatterUpdate", attrs
         )
-        assert _rows.in_place(dtype, gpu) == kernel, dtype
-        assert _rows.in_place(dtype, cpu)
+        assert _rows.in_place(dtype, GPU) == kernel, dtype
+        assert _rows.in_place(dtype, GPU.replace("GPU", "CPU"))
     assert not _rows.in_place("int32", "")
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's kernels")
+@pytest.mark.parametrize(
+    "make_filters",
+    [
+        lambda: [filters.SkipMaskedLastSeen(64, seed=1), filters.SkipMasked()],
+        lambda: [filters.InfoBatch(64, seed=1)],
+        lambda: [filters.SelectiveBackprop(seed=1)],
+    ],
+    ids=["pair", "infobatch", "selective_backprop"],
+)
+def test_a_graph_step_has_gpu_kernels_for_every_variable_op(
+    monkeypatch, make_filters
+):
+    """Each operation of a filtered TensorFlow graph step (what
+    `jit_compile=False`, `run_eagerly=True` and several replicas run) that
+    reads or writes a variable has a GPU kernel for its dtypes, as its
+    variable would be on a GPU: TensorFlow places it there or fails. Token
+    ids and labels are int32, which TensorFlow keeps in host memory on a
+    GPU and whose rows it cannot gather or scatter there."""
+    import tensorflow as tf
+    from tensorflow.python.framework import op_def_registry
+
+    if _gpu_kernel("ResourceGather", {}) is None:
+        pytest.skip("a TensorFlow build without GPU kernels")
+    in_place = _rows.in_place
+    monkeypatch.setattr(_rows, "in_place", lambda t, d: in_place(t, GPU))
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 50, (64, 6)).astype("int32")
+    y = (x[:, 0] % NUM_CLASSES).astype("int32")
+    inputs = keras.Input((6,), dtype="int32")
+    pooled = keras.layers.GlobalAveragePooling1D()(
+        keras.layers.Embedding(50, 8)(inputs)
+    )
+    wrapped = kas.ASSpeed(
+        keras.Model(inputs, keras.layers.Dense(NUM_CLASSES)(pooled)),
+        sample_filter=make_filters(),
+    )
+    wrapped.compile(
+        optimizer="adam",
+        loss=kas.ASSoftmaxLoss(0.3),
+        metrics=["accuracy"],
+        jit_compile=False,
+    )
+    x = filters.with_sample_ids(x)
+    wrapped.fit(x, y, batch_size=8, verbose=0)
+    batch = keras.tree.map_structure(lambda t: tf.constant(t[:8]), x)
+    step = tf.function(wrapped.train_step).get_concrete_function(
+        (batch, tf.constant(y[:8]))
+    )
+    graph = step.graph.as_graph_def()
+    nodes = [*graph.node]
+    for function in graph.library.function:
+        nodes += function.node_def
+    resource = tf.resource.as_datatype_enum
+    found, missing = set(), set()
+    for node in nodes:
+        op = op_def_registry.get(node.op)
+        if not any(a.type == resource for a in op.input_arg):
+            continue
+        attrs = {k: v.type for k, v in node.attr.items() if v.type}
+        key = (node.op, *sorted(attrs.items()))
+        found.add(key)
+        if not _gpu_kernel(node.op, attrs):
+            missing.add(key)
+    assert ("ResourceScatterUpdate", ("Tindices", 3), ("dtype", 1)) in found
+    assert not missing, sorted(missing)
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's kernels")

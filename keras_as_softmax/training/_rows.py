@@ -21,16 +21,16 @@ def read_rows(current, ids):
     write in place (a read of the whole variable would make that write
     copy it first). A `tf.distribute` variable, which has no such gather,
     is read whole, as is one `in_place` refuses."""
-    if keras.backend.backend() == "tensorflow":
+    if keras.backend.backend() == "tensorflow" and hasattr(
+        current, "sparse_read"
+    ):
         import tensorflow as tf
 
         distributed = isinstance(current, tf.distribute.DistributedValues)
-        if (
-            hasattr(current, "sparse_read")
-            and not distributed
-            and in_place(current.dtype, current.device)
-        ):
+        if not distributed and in_place(current.dtype, current.device):
             return current.sparse_read(ids)
+        # Read first: `tf.gather` would gather from the variable itself.
+        current = tf.convert_to_tensor(current)
     return ops.take(current, ids, axis=0)
 
 
