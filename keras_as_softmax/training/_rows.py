@@ -36,10 +36,10 @@ def read_rows(current, ids):
 
 def in_place(dtype, device):
     """Whether TensorFlow gathers and scatters the rows of a variable of
-    `dtype` on `device` (its device string) in place. It has no GPU kernel
-    for either on int32, which it keeps in host memory there, so such a
-    variable is read whole and assigned its new value (a copy a step, of a
-    queue buffer of token ids, say)."""
+    `dtype` on `device` (its device string) in place. It registers no GPU
+    kernel for either on int32, so such a variable is read whole and
+    assigned its new value (a copy a step, of a queue buffer of token ids,
+    say)."""
     import tensorflow as tf
 
     if tf.as_dtype(dtype) != tf.int32:
