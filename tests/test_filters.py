@@ -941,6 +941,20 @@ def test_last_seen_trains_on_fewer_and_round_trips(tmp_path, jit_compile):
         other.load_weights(weights)
 
 
+def spy_on_assign(monkeypatch):
+    """The variables `keras.Variable.assign` is called on from now, in a
+    list that grows as they are."""
+    assigned = []
+    assign = keras.Variable.assign
+
+    def recording(variable, value):
+        assigned.append(variable)
+        return assign(variable, value)
+
+    monkeypatch.setattr(keras.Variable, "assign", recording)
+    return assigned
+
+
 @pytest.mark.parametrize("jit_compile", JIT, indirect=True)
 @pytest.mark.parametrize(
     "make_filters",
@@ -963,14 +977,7 @@ def test_a_filtered_step_writes_only_the_rows_it_touches(
     place."""
     if BACKEND == "jax":
         pytest.skip("a step's state is a value on JAX")
-    assigned = []
-    assign = keras.Variable.assign
-
-    def recording(variable, value):
-        assigned.append(variable.path)
-        return assign(variable, value)
-
-    monkeypatch.setattr(keras.Variable, "assign", recording)
+    assigned = spy_on_assign(monkeypatch)
     x, y = sentence_data()
     sample_filter = make_filters()
     wrapped = kas.ASSpeed(small_model(), sample_filter=sample_filter)
@@ -981,13 +988,14 @@ def test_a_filtered_step_writes_only_the_rows_it_touches(
         filters.with_sample_ids(x), y, batch_size=8, epochs=3, verbose=0
     ).history
     assert min(history["trained_fraction"]) < 1.0  # it left samples out
-    assert any(p.endswith("queue_count") for p in assigned)  # the spy saw it
-    buffers = [p for p in assigned if re.search(r"queue_\d+$", p)]
+    paths = [v.path for v in assigned]
+    assert any(p.endswith("queue_count") for p in paths)  # the spy saw it
+    buffers = [p for p in paths if re.search(r"queue_\d+$", p)]
     assert not buffers, buffers
     for f in sample_filter:
         if f.scores:
             continue
-        assert not [p for p in assigned if p.endswith(f.memory_name)]
+        assert not [p for p in paths if p.endswith(f.memory_name)]
         memory = state_of(wrapped, f.memory_name)
         assert np.any(memory != f.memory_initial)  # yet it was written
     queues = [q for q in (wrapped._score_queue, wrapped._train_queue) if q]
@@ -997,36 +1005,34 @@ def test_a_filtered_step_writes_only_the_rows_it_touches(
 
 def _gpu_kernel(op, attrs):
     """Whether TensorFlow registers a GPU kernel for `op` with the type
-    attributes `attrs` (`{name: DataType enum}`), or `None` in a build
-    without GPU kernels."""
+    attributes `attrs` (`{name: DataType enum}`)."""
     from tensorflow.python.framework import kernels
 
-    def registered(kernel):
-        return kernel.device_type in ("GPU", "DEFAULT") and all(
+    return any(
+        kernel.device_type in ("GPU", "DEFAULT")
+        and all(
             attrs[c.name] in c.allowed_values.list.type
             for c in kernel.constraint
             if c.name in attrs
         )
-
-    gather = kernels.get_registered_kernels_for_op("ResourceGather").kernel
-    if not any(k.device_type == "GPU" for k in gather):
-        return None
-    return any(
-        registered(k) for k in kernels.get_registered_kernels_for_op(op).kernel
+        for kernel in kernels.get_registered_kernels_for_op(op).kernel
     )
 
 
+# TensorFlow's GPU kernels, listed by a build that has them.
+needs_gpu_kernels = pytest.mark.skipif(
+    BACKEND != "tensorflow" or not _gpu_kernel("ResourceGather", {"dtype": 1}),
+    reason="TensorFlow's GPU kernels",
+)
 GPU = "/job:localhost/replica:0/task:0/device:GPU:0"
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's kernels")
+@needs_gpu_kernels
 def test_in_place_rows_follow_tensorflows_gpu_kernels():
     """`_rows.in_place` refuses what TensorFlow cannot gather or scatter
     in a variable on a GPU: int32 alone, in its kernel registry."""
     import tensorflow as tf
 
-    if _gpu_kernel("ResourceGather", {}) is None:
-        pytest.skip("a TensorFlow build without GPU kernels")
     dtypes = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
     for dtype in map(tf.as_dtype, (*dtypes, "uint8", "int8")):
         attrs = {"dtype": dtype.as_datatype_enum, "Tindices": 3}
@@ -1038,7 +1044,7 @@ def test_in_place_rows_follow_tensorflows_gpu_kernels():
     assert not _rows.in_place("int32", "")
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's kernels")
+@needs_gpu_kernels
 @pytest.mark.parametrize(
     "make_filters",
     [
@@ -1061,8 +1067,6 @@ def test_a_graph_step_has_gpu_kernels_for_every_variable_op(
     import tensorflow as tf
     from tensorflow.python.framework import op_def_registry
 
-    if _gpu_kernel("ResourceGather", {}) is None:
-        pytest.skip("a TensorFlow build without GPU kernels")
     in_place = _rows.in_place
     monkeypatch.setattr(_rows, "in_place", lambda t, d: in_place(t, GPU))
     rng = np.random.default_rng(0)
@@ -1142,15 +1146,8 @@ def test_int32_rows_read_and_written_whole_train_the_same(
         assert min(history["trained_fraction"]) < 1.0
         return [ops.convert_to_numpy(v) for v in wrapped.variables]
 
-    in_place = fit()
-    assigned = []
-    assign = keras.Variable.assign
-
-    def recording(variable, value):
-        assigned.append(variable)
-        return assign(variable, value)
-
-    monkeypatch.setattr(keras.Variable, "assign", recording)
+    by_rows = fit()
+    assigned = spy_on_assign(monkeypatch)
     monkeypatch.setattr(
         _rows, "in_place", lambda dtype, device: tf.as_dtype(dtype) != "int32"
     )
@@ -1159,7 +1156,7 @@ def test_int32_rows_read_and_written_whole_train_the_same(
         v.path: v.dtype for v in assigned if re.search(r"queue_\d+$", v.path)
     }
     assert buffers and set(buffers.values()) == {"int32"}, buffers
-    for a, b in zip(in_place, whole):
+    for a, b in zip(by_rows, whole):
         np.testing.assert_array_equal(a, b)
 
 
