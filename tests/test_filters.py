@@ -1003,13 +1003,15 @@ def test_a_filtered_step_writes_only_the_rows_it_touches(
     assert any(np.any(b != 0) for b in buffers)  # rows were queued
 
 
-def _gpu_kernel(op, attrs):
+def _gpu_kernel(op, attrs, devices=("GPU", "DEFAULT")):
     """Whether TensorFlow registers a GPU kernel for `op` with the type
-    attributes `attrs` (`{name: DataType enum}`)."""
+    attributes `attrs` (`{name: DataType enum}`): a kernel of one of the
+    device types `devices` (`("XLA_GPU_JIT",)`: XLA compiles it for a
+    GPU; listed once the process has compiled with XLA)."""
     from tensorflow.python.framework import kernels
 
     return any(
-        kernel.device_type in ("GPU", "DEFAULT")
+        kernel.device_type in devices
         and all(
             attrs[c.name] in c.allowed_values.list.type
             for c in kernel.constraint
@@ -1044,8 +1046,7 @@ def test_in_place_rows_follow_tensorflows_gpu_kernels():
     assert not _rows.in_place("int32", "")
 
 
-@needs_gpu_kernels
-@pytest.mark.parametrize(
+STEP_FILTERS = pytest.mark.parametrize(
     "make_filters",
     [
         lambda: [filters.SkipMaskedLastSeen(64, seed=1), filters.SkipMasked()],
@@ -1055,17 +1056,15 @@ def test_in_place_rows_follow_tensorflows_gpu_kernels():
     ],
     ids=["pair", "infobatch", "selective_backprop", "no_filter"],
 )
-def test_a_graph_step_has_gpu_kernels_for_every_variable_op(
-    monkeypatch, make_filters
-):
-    """Each operation of an `ASSpeed` TensorFlow graph step, training and
-    evaluation (what `jit_compile=False`, `run_eagerly=True` and several
-    replicas run), that reads or writes a variable has a GPU kernel for
-    its dtypes, as its variable would be on a GPU: TensorFlow places it
-    there or fails. Token ids and labels are int32, whose rows TensorFlow
-    cannot gather or scatter in a variable on a GPU."""
+
+
+def _step_nodes_on_gpu(monkeypatch, make_filters, jit_compile):
+    """The fitted `ASSpeed` model and the nodes of its TensorFlow train
+    and test steps, every function's included, built as on a GPU: one XLA
+    program if `jit_compile`, else a graph, with `_rows.in_place`
+    answering for a GPU. Token ids and labels are int32, whose rows
+    TensorFlow cannot gather or scatter in a variable on a GPU."""
     import tensorflow as tf
-    from tensorflow.python.framework import op_def_registry
 
     in_place = _rows.in_place
     monkeypatch.setattr(_rows, "in_place", lambda t, d: in_place(t, GPU))
@@ -1080,31 +1079,53 @@ def test_a_graph_step_has_gpu_kernels_for_every_variable_op(
         keras.Model(inputs, keras.layers.Dense(NUM_CLASSES)(pooled)),
         sample_filter=make_filters(),
     )
+    wrapped._tf_filtered_step = "one_program"
     wrapped.compile(
         optimizer="adam",
         loss=kas.ASSoftmaxLoss(0.3),
         metrics=["accuracy"],
-        jit_compile=False,
+        jit_compile=jit_compile,
     )
     x = filters.with_sample_ids(x)
     wrapped.fit(x, y, batch_size=8, verbose=0)
     batch = keras.tree.map_structure(lambda t: tf.constant(t[:8]), x)
     nodes = []
     for step in (wrapped.train_step, wrapped.test_step):
-        traced = tf.function(step).get_concrete_function(
-            (batch, tf.constant(y[:8]))
-        )
+        traced = tf.function(
+            step, jit_compile=jit_compile
+        ).get_concrete_function((batch, tf.constant(y[:8])))
         graph = traced.graph.as_graph_def()
         nodes += graph.node
         for function in graph.library.function:
             nodes += function.node_def
+    return wrapped, nodes
+
+
+def _type_attrs(node):
+    return {k: v.type for k, v in node.attr.items() if v.type}
+
+
+@needs_gpu_kernels
+@STEP_FILTERS
+def test_a_graph_step_has_gpu_kernels_for_every_variable_op(
+    monkeypatch, make_filters
+):
+    """Each operation of an `ASSpeed` TensorFlow graph step, training and
+    evaluation (what `jit_compile=False`, `run_eagerly=True` and several
+    replicas run), that reads or writes a variable has a GPU kernel for
+    its dtypes, as its variable would be on a GPU: TensorFlow places it
+    there or fails."""
+    import tensorflow as tf
+    from tensorflow.python.framework import op_def_registry
+
+    wrapped, nodes = _step_nodes_on_gpu(monkeypatch, make_filters, False)
     resource = tf.resource.as_datatype_enum
     found, missing = set(), set()
     for node in nodes:
         op = op_def_registry.get(node.op)
         if not any(a.type == resource for a in op.input_arg):
             continue
-        attrs = {k: v.type for k, v in node.attr.items() if v.type}
+        attrs = _type_attrs(node)
         key = (node.op, *sorted(attrs.items()))
         found.add(key)
         if not _gpu_kernel(node.op, attrs):
@@ -1112,6 +1133,31 @@ def test_a_graph_step_has_gpu_kernels_for_every_variable_op(
     assert ("AssignVariableOp", ("dtype", 1)) in found  # the walk saw them
     if wrapped.sample_filters:  # and rows written in place
         assert ("ResourceScatterUpdate", ("Tindices", 3), ("dtype", 1)) in found
+    assert not missing, sorted(missing)
+
+
+@needs_gpu_kernels
+@STEP_FILTERS
+def test_one_program_step_compiles_for_a_gpu(monkeypatch, make_filters):
+    """Each operation of an `ASSpeed` TensorFlow step as one XLA program
+    (the default on one GPU), training and evaluation, conditionals'
+    branches included, has a kernel that XLA compiles for a GPU, for its
+    dtypes; XLA's CPU kernels, which the other tests compile, differ from
+    them (int32 convolutions have none on a GPU)."""
+    wrapped, nodes = _step_nodes_on_gpu(monkeypatch, make_filters, True)
+    found, missing = set(), set()
+    for node in nodes:
+        if node.op == "Placeholder":  # the arguments of the program
+            continue
+        attrs = _type_attrs(node)
+        key = (node.op, *sorted(attrs.items()))
+        found.add(key)
+        if not _gpu_kernel(node.op, attrs, ("XLA_GPU_JIT",)):
+            missing.add(key)
+    assert not wrapped._passes_jit_compile  # one program
+    assert ("MatMul", ("T", 1)) in found  # the walk saw the passes
+    if wrapped.sample_filters:
+        assert any(key[0] in ("If", "StatelessIf") for key in found)
     assert not missing, sorted(missing)
 
 
