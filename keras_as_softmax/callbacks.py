@@ -1,5 +1,7 @@
 """The delta warm-up of AS-Softmax (paper appendix A.4) as a callback."""
 
+import threading
+
 import keras
 
 from keras_as_softmax._validation import check_fraction
@@ -60,7 +62,9 @@ class DeltaWarmup(keras.callbacks.Callback):
     On JAX, where a compiled step holds delta as a constant, each change
     of delta (at the start, the switch and the end) traces the train and
     test steps again; TensorFlow and PyTorch read the variable at every
-    step.
+    step. The callback reads no step's logs: on JAX and PyTorch, Keras
+    still hands them to the batch-end callbacks from a thread of its own,
+    so that the training loop does not wait for each step to finish.
 
     Args:
         warmup_ratio: fraction `r` in [0, 1] of the training steps that use
@@ -82,6 +86,12 @@ class DeltaWarmup(keras.callbacks.Callback):
     ```
     """
 
+    # Keras calls `on_train_batch_end` from threads of its own (on JAX and
+    # PyTorch) when every callback allows it; otherwise it reads each
+    # step's logs on the training loop's thread, which then waits for the
+    # device at every step.
+    async_safe = True
+
     def __init__(
         self, warmup_ratio=0.15, warmup_delta=1.0, total_steps=None, losses=None
     ):
@@ -99,6 +109,7 @@ class DeltaWarmup(keras.callbacks.Callback):
         self.losses = losses
         self._variables = []
         self._targets = []
+        self._last_batches = {}
 
     def on_train_begin(self, logs=None):
         sources = self.losses if self.losses is not None else [self.model.loss]
@@ -127,6 +138,7 @@ class DeltaWarmup(keras.callbacks.Callback):
             total = steps * epochs
         self._switch_step = int(round(self.warmup_ratio * total))
         self._step = 0  # this `fit`'s step count, from epoch 0 if known
+        self._last_batches = {}
         self._warm = None  # decided at the first epoch, which may resume
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -145,8 +157,17 @@ class DeltaWarmup(keras.callbacks.Callback):
             self._end_warmup()
 
     def on_train_batch_end(self, batch, logs=None):
-        # `batch` is the epoch's index of the group's last batch.
-        self._step = self._epoch_start + batch + 1
+        # `batch` is the epoch's index of the group's last batch. Each of
+        # Keras's threads takes its calls in order, and they may run in
+        # parallel: each keeps its own last one (an atomic assignment).
+        self._last_batches[threading.get_ident()] = batch
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Keras has made every batch-end call of the epoch by now.
+        if self._last_batches:
+            last = max(self._last_batches.values())
+            self._step = self._epoch_start + last + 1
+        self._last_batches = {}
 
     def on_train_end(self, logs=None):
         if self._warm:

@@ -1,6 +1,7 @@
 """AS-Speed wrapper: runs on the tensorflow, jax and torch backends in CI."""
 
 import os
+import threading
 
 import keras
 import numpy as np
@@ -1217,6 +1218,63 @@ def test_delta_warmup_counts_batches_with_several_a_dispatch():
     np.testing.assert_allclose(grouped_masked, masked, rtol=1e-5)
     for ours, theirs in zip(grouped_weights, weights):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(
+    BACKEND == "tensorflow",
+    reason="Keras reads TensorFlow's logs on the training thread at each "
+    "batch, whatever the callbacks",
+)
+@pytest.mark.parametrize("wrap", [False, True], ids=["keras", "as_speed"])
+def test_delta_warmup_leaves_keras_reading_the_logs_off_the_training_thread(
+    wrap,
+):
+    """Keras hands each step's logs to the batch-end callbacks from a
+    thread of its own, so that the training loop does not wait for the
+    step to finish, unless a callback needs them on the loop's thread:
+    `DeltaWarmup` does not."""
+    x, y = data(64)
+    wrapped = kas.ASSpeed(make_model()) if wrap else make_model()
+    wrapped.compile(
+        optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT
+    )
+    threads = []
+
+    class Where(keras.callbacks.Callback):
+        async_safe = True
+
+        def on_train_batch_end(self, batch, logs=None):
+            threads.append(threading.get_ident())
+
+    callbacks = [kas.DeltaWarmup(warmup_ratio=0.5), Where()]
+    wrapped.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=callbacks)
+    assert len(threads) == 8
+    assert threading.get_ident() not in threads
+
+
+def test_delta_warmup_counts_the_batches_of_a_dataset_of_unknown_length():
+    """Where `fit` does not know the steps per epoch, the warm-up counts
+    the batches each epoch ran: 6 of 8 warm over two epochs of 4."""
+    tf = pytest.importorskip("tensorflow")
+    x, y = data(64)
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .filter(lambda *_: True)  # of unknown length
+        .batch(16)
+    )
+    loss = kas.ASSoftmaxLoss(0.3)
+    model = make_model()
+    model.compile(optimizer="adam", loss=loss, jit_compile=JIT)
+    seen = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda batch, logs: seen.append(
+            (batch, round(float(ops.convert_to_numpy(loss.delta)), 2))
+        )
+    )
+    warmup = kas.DeltaWarmup(warmup_ratio=0.75, total_steps=8)
+    model.fit(dataset, epochs=2, verbose=0, callbacks=[warmup, record])
+    # Keras begins a fifth batch an epoch, which finds the data run out.
+    assert [d for batch, d in seen if batch < 4] == [1.0] * 6 + [0.3] * 2
 
 
 # Shared by the tf.distribute scripts below: the data, and the wrapped
