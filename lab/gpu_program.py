@@ -19,6 +19,12 @@ conditional's branches keep in a buffer that is new at every execution
 (`fresh_buffers`): XLA updates a CUDA graph's commands that use a buffer
 whose address moved, in every branch of a conditional that holds one.
 
+With `--steps-per-execution N`, the filtered variants' program is
+`ASSpeed`'s `lax.scan` of N steps instead (softmax's stays one step: Keras
+3.15 loops over N on the host): a `while` loop, whose trip count XLA
+knows, so that its `WhileThunk` runs the body N times without reading the
+condition back, the script reports.
+
 Needs the CUDA plugin (`pip install "jax[cuda12]"`, Python 3.11 or later).
 `XLA_FLAGS` given to the script are passed on (the dump's own flag is
 added); the compile is for the jaxlib installed.
@@ -26,6 +32,7 @@ added); the compile is for the jaxlib installed.
     python lab/gpu_program.py --shape minilm
     XLA_FLAGS=--xla_gpu_enable_command_buffer=-CONDITIONAL \\
         python lab/gpu_program.py --variants skip_masked
+    python lab/gpu_program.py --variants skip_masked --steps-per-execution 8
 """
 
 import argparse
@@ -80,12 +87,16 @@ THUNK = re.compile(r"^( *)\d+: (k\w+)")
 BRANCH = re.compile(r"^( *)(\w+_branch|branch_\d+):")
 
 
-def compile_for_gpu(model, batch, dump):
+def compile_for_gpu(model, batch, dump, steps=1):
     """Compiles `model.train_step` (with its state donated, as Keras's
-    `fit` does) for the H100; returns its thunk sequence's path."""
+    `fit` does) for the H100, or with `steps` > 1 `ASSpeed`'s `lax.scan`
+    of that many steps (`steps_per_execution`); returns its thunk
+    sequence's path."""
     import jax
     import numpy as np
     from jax.experimental import topologies
+
+    from keras_as_softmax.training import _jax
 
     topology = topologies.get_topology_desc(
         platform="cuda", target_config=H100, topology="1x1x1"
@@ -107,9 +118,14 @@ def compile_for_gpu(model, batch, dump):
         )
     )
     before = set(dump.glob("*thunk_sequence*.txt"))
-    step = jax.jit(model.train_step, donate_argnums=0)
-    step.lower(state, jax.tree.map(spec, batch)).compile()
-    new = set(dump.glob("*train_step*thunk_sequence*.txt")) - before
+    batch = jax.tree.map(spec, batch)
+    if steps == 1:
+        step, name = jax.jit(model.train_step, donate_argnums=0), "train_step"
+        step.lower(state, batch).compile()
+    else:
+        step, name = _jax.scan(model.train_step), "run"
+        step.lower(state, [batch] * steps).compile()
+    new = set(dump.glob(f"*{name}*thunk_sequence*.txt")) - before
     # After the thunk passes, where XLA forms the command buffers; without
     # command buffers there is no such file.
     after = [p for p in new if "after_thunk_passes" in p.name]
@@ -118,11 +134,12 @@ def compile_for_gpu(model, batch, dump):
 
 def read_program(path):
     """The structure of a thunk sequence: the top-level thunks by kind,
-    the thunks outside every conditional, and for each conditional
-    whether a graph holds it and its branches' thunk counts."""
+    the thunks outside every conditional, for each conditional whether a
+    graph holds it and its branches' thunk counts, and for each loop
+    (`lax.scan`) whether a graph holds it."""
     top = collections.Counter()
     unconditional = 0
-    conditionals = []
+    conditionals, loops = [], []
     stack = []  # (indent, kind or branch name, record)
     for line in path.read_text().splitlines():
         branch = BRANCH.match(line)
@@ -139,6 +156,8 @@ def read_program(path):
             in_graph = any(k == "kCommandBuffer" for _, k, _ in stack)
             record = {"in_graph": in_graph, "branches": []}
             conditionals.append(record)
+        elif kind == "kWhile":
+            loops.append(any(k == "kCommandBuffer" for _, k, _ in stack))
         elif branch:
             parent = next(
                 r for _, k, r in reversed(stack) if k == "kConditional"
@@ -151,7 +170,7 @@ def read_program(path):
                 branch["thunks"] += 1
             unconditional += not branches
         stack.append((indent, kind, record))
-    return top, unconditional, conditionals
+    return top, unconditional, conditionals, loops
 
 
 COMPUTATION = re.compile(r"^(ENTRY )?%(\S+) .*\{$")
@@ -222,8 +241,20 @@ def fresh_buffers(hlo_path, assignment_path):
     return found
 
 
+def trip_counts(hlo_path):
+    """The known trip count of each `while` in the optimized HLO, in its
+    order (None where XLA does not know it): with one, XLA's `WhileThunk`
+    runs the body that many times without reading the condition back."""
+    counts = []
+    for line in hlo_path.read_text().splitlines():
+        if INSTRUCTION.match(line) and " while(" in line:
+            known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', line)
+            counts.append(int(known[1]) if known else None)
+    return counts
+
+
 def describe(variant, path):
-    top, unconditional, conditionals = read_program(path)
+    top, unconditional, conditionals, loops = read_program(path)
     graphs = top.pop("kCommandBuffer", 0)
     outside = ", ".join(f"{k} {n}" for k, n in sorted(top.items())) or "none"
     print(
@@ -234,6 +265,21 @@ def describe(variant, path):
     fewest = unconditional + sum(min(s) for s in sizes)
     most = unconditional + sum(max(s) for s in sizes)
     print(f"  thunks a step runs: {fewest} (smaller branches) to {most}")
+    prefix = path.name.split(".thunk_sequence")[0]
+    hlo = path.parent / f"{prefix}.sm_9.0a_gpu_after_optimizations.txt"
+    trips = trip_counts(hlo) if hlo.exists() else []
+    for i, in_graph in enumerate(loops):
+        # Matched in order, where the HLO and the thunks count as many.
+        trips_known = len(trips) == len(loops) and trips[i] is not None
+        where = (
+            "inside a graph (decided on the device)"
+            if in_graph
+            else f"between graphs, the host runs its body {trips[i]} times "
+            "(a known trip count: nothing read back)"
+            if trips_known
+            else "between graphs (predicate read on the host each iteration)"
+        )
+        print(f"  loop {i}: {where}")
     for i, record in enumerate(conditionals):
         where = (
             "inside a graph (decided on the device)"
@@ -242,8 +288,6 @@ def describe(variant, path):
         )
         listed = " / ".join(map(str, sizes[i]))
         print(f"  conditional {i}: {where}; thunks per branch {listed}")
-    prefix = path.name.split(".thunk_sequence")[0]
-    hlo = path.parent / f"{prefix}.sm_9.0a_gpu_after_optimizations.txt"
     assignment = hlo.with_name(hlo.stem + "-buffer-assignment.txt")
     if hlo.exists() and assignment.exists():
         for name, batch, values, size in fresh_buffers(hlo, assignment):
@@ -263,6 +307,12 @@ def main(argv=None):
     )
     parser.add_argument(
         "--variants", default="softmax,as_speed,skip_masked,pair"
+    )
+    parser.add_argument(
+        "--steps-per-execution",
+        type=int,
+        default=1,
+        help="compile ASSpeed's lax.scan of this many steps (not softmax)",
     )
     parser.add_argument("--quick", action="store_true", help="smoke run")
     args = parser.parse_args(argv)
@@ -297,7 +347,8 @@ def main(argv=None):
         inputs = kas.filters.with_sample_ids(x) if variant == "pair" else x
         model.fit(inputs, y, batch_size=32, steps_per_epoch=1, verbose=0)
         batch = jax.tree.map(lambda a: np.asarray(a)[:32], (inputs, y))
-        describe(variant, compile_for_gpu(model, batch, dump))
+        steps = 1 if variant == "softmax" else args.steps_per_execution
+        describe(variant, compile_for_gpu(model, batch, dump, steps))
 
 
 if __name__ == "__main__":
