@@ -528,12 +528,55 @@ def test_gpu_program_reads_where_a_conditional_sits(
     path = tmp_path / "thunk_sequence_after_thunk_passes.txt"
     path.write_text(text)
     program = _load_script(GPU_PROGRAM).read_program(path)
-    found_top, unconditional, conditionals = program
+    found_top, unconditional, conditionals, loops = program
     assert dict(found_top) == top
     assert unconditional == 2  # the copy before, the reduction after
     assert len(conditionals) == 1
     assert conditionals[0]["in_graph"] is in_graph
     assert [b["thunks"] for b in conditionals[0]["branches"]] == [2, 1]
+    assert loops == []
+
+
+# A scan of steps (`steps_per_execution`): a loop between graphs, the
+# conditional in its body's graph, and the loops' trip counts in an HLO
+# (one line each: the backslash continues the first).
+LOOP = """000: kCommandBuffer [source       | next=013 (1)]
+    011: kCustomKernel [source | sink] loop_concatenate_fusion
+013: kWhile         [prev=000 (1) | next=000 (1)]
+condition:
+    014: kCustomKernel [source | sink] loop_compare_fusion
+  body:
+    000: kCommandBuffer [source | sink]
+        091: kConditional  [source | sink]
+          false_branch:
+            028: kCopy         [source | sink] kCopy
+          true_branch:
+            029: kCustomKernel [source | sink] gemm_fusion_dot
+000: kCommandBuffer [prev=013 (1) | sink]
+    195: kCustomKernel [source | sink] input_reduce_fusion
+"""
+LOOP_HLO = """ENTRY %main (p: (s32[], f32[2])) -> (s32[], f32[2]) {
+  %while.1 = (s32[], f32[2]{0}) while(%p), condition=%cond, body=%body, \
+backend_config={"known_trip_count":{"n":"8"}}
+  %while.2 = (s32[], f32[2]{0}) while(%p), condition=%cond, body=%body
+}
+"""
+
+
+def test_gpu_program_reads_a_loop_and_its_trip_count(tmp_path):
+    """`lab/gpu_program.py` finds a loop between graphs, with the
+    conditional of its body inside a graph, and reads which loops have a
+    trip count XLA knows (run without reading their condition back)."""
+    script = _load_script(GPU_PROGRAM)
+    path = tmp_path / "thunk_sequence_after_thunk_passes.txt"
+    path.write_text(LOOP)
+    found_top, _, conditionals, loops = script.read_program(path)
+    assert dict(found_top) == {"kCommandBuffer": 2, "kWhile": 1}
+    assert loops == [False]
+    assert [c["in_graph"] for c in conditionals] == [True]
+    hlo = tmp_path / "program.txt"
+    hlo.write_text(LOOP_HLO)
+    assert script.trip_counts(hlo) == [8, None]
 
 
 # An optimized step and its buffer assignment as XLA dumps them (abridged):
