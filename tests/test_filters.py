@@ -1997,9 +1997,10 @@ def test_steps_per_execution_runs_a_group_of_batches_in_one_scan(monkeypatch):
 def test_a_step_reads_no_device_value_on_the_host(monkeypatch, name):
     """Each drawn batch is one compiled program that the host dispatches
     without reading a device value, and so is a group of 8 a dispatch
-    (`steps_per_execution`): every read of a `jax.Array` on the host
-    (`float`, `bool`, `np.asarray`, `.item()`) goes through
-    `ArrayImpl._value`, which raises here while the steps run."""
+    (`steps_per_execution`): a read of a `jax.Array` on the host
+    (`float`, `bool`, `.item()`, and `np.asarray` off the CPU, where NumPy
+    takes a CPU array's buffer directly) goes through `ArrayImpl._value`,
+    which raises here while the steps run."""
     import jax
     from jax._src import array as jax_array
 
