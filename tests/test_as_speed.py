@@ -1225,16 +1225,26 @@ def test_delta_warmup_counts_batches_with_several_a_dispatch():
     reason="Keras reads TensorFlow's logs on the training thread at each "
     "batch, whatever the callbacks",
 )
-@pytest.mark.parametrize("wrap", [False, True], ids=["keras", "as_speed"])
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda model: model,
+        kas.ASSpeed,
+        lambda model: kas.ASSpeed(
+            model, sample_filter=kas.filters.SkipMasked()
+        ),
+    ],
+    ids=["keras", "as_speed", "skip_masked"],
+)
 def test_delta_warmup_leaves_keras_reading_the_logs_off_the_training_thread(
     wrap,
 ):
     """Keras hands each step's logs to the batch-end callbacks from a
     thread of its own, so that the training loop does not wait for the
     step to finish, unless a callback needs them on the loop's thread:
-    `DeltaWarmup` does not."""
+    neither `DeltaWarmup` nor `ASSpeed`'s own callbacks do."""
     x, y = data(64)
-    wrapped = kas.ASSpeed(make_model()) if wrap else make_model()
+    wrapped = wrap(make_model())
     wrapped.compile(
         optimizer="adam", loss=kas.ASSoftmaxLoss(0.3), jit_compile=JIT
     )
