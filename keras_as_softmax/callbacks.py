@@ -86,10 +86,8 @@ class DeltaWarmup(keras.callbacks.Callback):
     ```
     """
 
-    # Keras calls `on_train_batch_end` from threads of its own (on JAX and
-    # PyTorch) when every callback allows it; otherwise it reads each
-    # step's logs on the training loop's thread, which then waits for the
-    # device at every step.
+    # Keras may call `on_train_batch_end` from threads of its own, which
+    # it does only if every callback allows it (see the docstring).
     async_safe = True
 
     def __init__(
