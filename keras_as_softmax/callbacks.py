@@ -106,8 +106,6 @@ class DeltaWarmup(keras.callbacks.Callback):
             )
         self.losses = losses
         self._variables = []
-        self._targets = []
-        self._last_batches = {}
 
     def on_train_begin(self, logs=None):
         sources = self.losses if self.losses is not None else [self.model.loss]

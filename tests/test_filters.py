@@ -1101,8 +1101,17 @@ def _step_nodes_on_gpu(monkeypatch, make_filters, jit_compile):
     return wrapped, nodes
 
 
-def _type_attrs(node):
-    return {k: v.type for k, v in node.attr.items() if v.type}
+def _kernel_audit(nodes, devices):
+    """`(found, missing)`: the `(op, *type attributes)` of `nodes`, and
+    those without a kernel of the device types `devices`."""
+    found, missing = set(), set()
+    for node in nodes:
+        attrs = {k: v.type for k, v in node.attr.items() if v.type}
+        key = (node.op, *sorted(attrs.items()))
+        found.add(key)
+        if not _gpu_kernel(node.op, attrs, devices):
+            missing.add(key)
+    return found, missing
 
 
 @needs_gpu_kernels
@@ -1120,16 +1129,17 @@ def test_a_graph_step_has_gpu_kernels_for_every_variable_op(
 
     wrapped, nodes = _step_nodes_on_gpu(monkeypatch, make_filters, False)
     resource = tf.resource.as_datatype_enum
-    found, missing = set(), set()
-    for node in nodes:
-        op = op_def_registry.get(node.op)
-        if not any(a.type == resource for a in op.input_arg):
-            continue
-        attrs = _type_attrs(node)
-        key = (node.op, *sorted(attrs.items()))
-        found.add(key)
-        if not _gpu_kernel(node.op, attrs):
-            missing.add(key)
+    found, missing = _kernel_audit(
+        [
+            node
+            for node in nodes
+            if any(
+                a.type == resource
+                for a in op_def_registry.get(node.op).input_arg
+            )
+        ],
+        ("GPU", "DEFAULT"),
+    )
     assert ("AssignVariableOp", ("dtype", 1)) in found  # the walk saw them
     if wrapped.sample_filters:  # and rows written in place
         assert ("ResourceScatterUpdate", ("Tindices", 3), ("dtype", 1)) in found
@@ -1145,15 +1155,11 @@ def test_one_program_step_compiles_for_a_gpu(monkeypatch, make_filters):
     dtypes; XLA's CPU kernels, which the other tests compile, differ from
     them (int32 convolutions have none on a GPU)."""
     wrapped, nodes = _step_nodes_on_gpu(monkeypatch, make_filters, True)
-    found, missing = set(), set()
-    for node in nodes:
-        if node.op == "Placeholder":  # the arguments of the program
-            continue
-        attrs = _type_attrs(node)
-        key = (node.op, *sorted(attrs.items()))
-        found.add(key)
-        if not _gpu_kernel(node.op, attrs, ("XLA_GPU_JIT",)):
-            missing.add(key)
+    found, missing = _kernel_audit(
+        # Placeholders are the program's arguments.
+        [node for node in nodes if node.op != "Placeholder"],
+        ("XLA_GPU_JIT",),
+    )
     assert not wrapped._passes_jit_compile  # one program
     assert ("MatMul", ("T", 1)) in found  # the walk saw the passes
     if wrapped.sample_filters:
