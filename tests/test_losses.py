@@ -1,5 +1,6 @@
 """The loss suite: runs on the tensorflow, jax and torch backends in CI."""
 
+import functools
 import inspect
 import itertools
 import json
@@ -129,6 +130,40 @@ def test_ignore_class_mean_matches_keras_sparse_cross_entropy():
     np.testing.assert_allclose(to_numpy(ours), to_numpy(theirs), rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "fn,kwargs",
+    [
+        (kas.as_softmax_cross_entropy, {"delta": 1.0}),
+        (kas.sparse_softmax_cross_entropy, {"k": 7}),
+    ],
+    ids=["as_softmax", "sparse_softmax"],
+)
+def test_a_per_sample_function_leaves_ignored_rows_out_as_keras_does(
+    fn, kwargs
+):
+    """Compiled as a function, as Keras's own
+    `sparse_categorical_crossentropy(..., ignore_class=...)`: its values
+    carry a Keras mask, so the mean is over the rows that count, eager and
+    in a compiled step alike."""
+    labels, logits = random_case((4, 6), 7, ignore_class=-1, seed=12)
+    ours = functools.partial(fn, ignore_class=-1, **kwargs)
+    theirs = functools.partial(
+        keras.losses.sparse_categorical_crossentropy,
+        from_logits=True,
+        ignore_class=-1,
+    )
+    expected = to_numpy(LossFunctionWrapper(theirs)(labels, logits))
+    got = to_numpy(LossFunctionWrapper(ours)(labels, logits))
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    inputs = keras.Input((6, 7))
+    model = keras.Model(inputs, keras.layers.Dense(7)(inputs))
+    results = []
+    for loss in (ours, theirs):
+        model.compile(loss=loss, jit_compile=BACKEND != "torch")
+        results.append(model.evaluate(logits, labels, verbose=0))
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-5)
+
+
 def test_a_keras_mask_and_ignore_class_take_one_mean_as_keras_does():
     """Padding hidden by an `Embedding(mask_zero=True)` and sub-word pieces
     labelled `ignore_class`: the mean is over the rows both keep, taken
@@ -200,6 +235,26 @@ def test_probabilities_and_one_hot_labels():
         np.testing.assert_allclose(
             to_numpy(loss(y, x)), expected, rtol=1e-4, atol=1e-5
         )
+
+
+def test_probabilities_of_zero_count_as_keras_counts_them():
+    """A target probability of 0 (an underflow, frequent in float16) costs
+    what Keras's own cross entropy charges for it, `-log(epsilon)`, not
+    the log of float32's smallest number; a target of probability 1 is
+    still masked, exactly 0."""
+    probs = np.array(
+        [[0.0, 1.0, 0.0], [0.0, 0.5, 0.5], [1.0, 0.0, 0.0]], "float32"
+    )
+    labels = np.array([0, 0, 0])
+    ours = to_numpy(
+        kas.ASSoftmaxLoss(1.0, from_logits=False, reduction=None)(labels, probs)
+    )
+    keras_ce = keras.losses.SparseCategoricalCrossentropy(reduction=None)
+    np.testing.assert_allclose(
+        ours, to_numpy(keras_ce(labels, probs)), rtol=1e-5, atol=1e-6
+    )
+    masked = kas.ASSoftmaxLoss(0.3, from_logits=False, reduction=None)
+    assert to_numpy(masked(labels, probs))[2] == 0.0
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -456,6 +511,27 @@ def test_half_precision_logits_compute_in_float32():
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["as_softmax", "sparse_softmax", "temperature", "sparsemax", "entmax15"],
+)
+def test_a_large_common_offset_of_the_logits_leaves_the_loss(name):
+    """These losses are shift-invariant. Logits offset by 2**20 (exact in
+    float32 for these eighths) give the loss of the logits without it:
+    what the loss adds to the offset is not rounded away against it, nor
+    is an unmasked row's loss rounded to 0."""
+    make, ref = MULTICLASS[name]
+    rng = np.random.default_rng(3)
+    eighths = [
+        rng.choice(np.arange(-24, 25), 6, replace=False) for _ in "x" * 16
+    ]
+    logits = (np.array(eighths) / 8).astype("float32")
+    labels = rng.integers(0, 6, 16)
+    expected = ref(labels, logits.astype("float64"), None)
+    got = make(reduction=None)(labels, logits + np.float32(2**20))
+    np.testing.assert_allclose(to_numpy(got), expected, rtol=1e-5, atol=1e-6)
+
+
 # ---------------------------------------------------------------- bad input
 
 
@@ -537,6 +613,32 @@ def test_a_delta_assigned_outside_0_1_is_refused_by_the_config():
     )
 
 
+@pytest.mark.parametrize("multilabel", [False, True], ids=["int", "multilabel"])
+def test_a_delta_assigned_outside_0_1_is_refused_eagerly_and_nan_compiled(
+    multilabel,
+):
+    """Read where the loss runs: it would otherwise mask every row (a loss
+    of 0, nothing trains) or none. A compiled step cannot raise: its loss
+    is NaN, which `TerminateOnNaN` stops at."""
+    labels, logits = random_case((8,), 3, seed=5)
+    if multilabel:
+        loss, labels = kas.MultiLabelASSoftmaxLoss(0.05), np.eye(3)[labels]
+    else:
+        loss = kas.ASSoftmaxLoss(0.3)
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(inputs))
+    model.compile(loss=loss, jit_compile=BACKEND != "torch")
+    assert np.isfinite(model.evaluate(logits, labels, verbose=0))
+    for bad in (-0.5, 1.5, float("nan")):
+        loss.delta.assign(bad)
+        with pytest.raises(ValueError, match=r"delta.*Received: delta="):
+            loss(labels, logits)
+        if BACKEND == "torch":
+            continue  # eager: refused as above
+        model.make_test_function(force=True)  # JAX holds the traced delta
+        assert np.isnan(model.evaluate(logits, labels, verbose=0))
+
+
 def test_multilabel_loss_traces_with_an_unknown_number_of_classes():
     if BACKEND != "tensorflow":
         pytest.skip("JAX and torch trace with static shapes")
@@ -592,10 +694,22 @@ def test_sample_weight_of_another_shape_names_both_shapes():
 
 def test_categorical_labels_must_be_one_hot():
     _, logits = random_case((3,), 3)
+    loss = kas.ASSoftmaxLoss(label_mode="categorical", reduction=None)
+    jit = compiled(lambda y, x: loss(y, x))
     for bad in ([[0.5, 0.5, 0.0]], [[0.0, 0.0, 0.0]], [[1.0, 1.0, 0.0]]):
         labels = np.concatenate([np.eye(3)[:2], np.array(bad)])
         with pytest.raises(ValueError, match="one-hot"):
-            kas.ASSoftmaxLoss(label_mode="categorical")(labels, logits)
+            loss(labels, logits)
+        if jit is None:
+            continue
+        # Compiled, nothing is read back: the row has no target, and an
+        # infinite loss, as an integer label out of range (not its
+        # argmax's loss, nor Keras's 0 for an all-zero row).
+        values = to_numpy(jit(labels.astype("float32"), logits))
+        np.testing.assert_allclose(
+            values[:2], to_numpy(loss(np.eye(3)[:2], logits[:2])), rtol=1e-6
+        )
+        assert values[2] == np.inf
 
 
 @pytest.mark.parametrize("first", ["fit", "evaluate"])

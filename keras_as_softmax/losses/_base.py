@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 from keras.src.backend.common.masking import get_keras_mask
+from keras.src.backend.common.masking import set_keras_mask
 
 from keras_as_softmax.losses import _common
 
@@ -61,7 +62,11 @@ class PerRowLoss(keras.losses.Loss):
     def call(self, y_true, y_pred):
         if _common.has_no_rows(y_pred):
             return _common.no_rows(y_pred)
-        return self.fn(y_true, y_pred, **self._fn_kwargs)
+        values = self.fn(y_true, y_pred, **self._fn_kwargs)
+        # `__call__` leaves the ignored rows out through the weights: the
+        # function's Keras mask on them would take the mean a second time.
+        set_keras_mask(values, None)
+        return values
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         rows = ops.shape(y_pred)[:-1]

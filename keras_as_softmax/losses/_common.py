@@ -10,6 +10,7 @@ import weakref
 import keras
 import numpy as np
 from keras import ops
+from keras.src.backend.common.masking import set_keras_mask
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from keras_as_softmax import _validation
@@ -58,8 +59,9 @@ def is_concrete(x):
 
 def check_delta(delta):
     """Checks a margin in [0, 1]: a number, or a scalar tensor, whose value
-    is checked where it holds one; a `keras.Variable` (checked when made)
-    passes through unread."""
+    is checked where it holds one; a `keras.Variable` (checked when made,
+    and where a loss reads it: `check_delta_value`) passes through
+    unread."""
     if isinstance(delta, keras.Variable) or ops.is_tensor(delta):
         if len(delta.shape):
             raise ValueError(
@@ -70,6 +72,23 @@ def check_delta(delta):
             _validation.check_fraction(ops.convert_to_numpy(delta), "delta")
         return delta
     return _validation.check_fraction(delta, "delta")
+
+
+def check_delta_value(values, delta):
+    """The loss `values`, once `delta` is known to lie in [0, 1]: a tensor
+    or a loss's variable, which may have been assigned since, would mask
+    every row (a loss of 0) or none, with nothing to tell. Refused
+    eagerly; in a compiled step, which cannot raise, the values are NaN."""
+    if not (isinstance(delta, keras.Variable) or ops.is_tensor(delta)):
+        return values  # a number, checked by `check_delta`
+    delta = ops.convert_to_tensor(delta)
+    if is_concrete(values):
+        _validation.check_fraction(ops.convert_to_numpy(delta), "delta")
+        return values
+    fits = ops.logical_and(
+        ops.greater_equal(delta, 0), ops.less_equal(delta, 1)
+    )
+    return ops.where(fits, values, float("nan"))
 
 
 def delta_variable(delta):
@@ -335,8 +354,10 @@ def to_logits(y_pred, from_logits):
     dtype = compute_dtype(y_pred)
     y_pred = ops.cast(y_pred, dtype)
     if not from_logits:
-        # softmax(log p) == p, so log-probabilities serve as logits.
-        y_pred = ops.log(ops.maximum(y_pred, np.finfo(dtype).tiny))
+        # softmax(log p) == p, so log-probabilities serve as logits; a
+        # probability below `keras.config.epsilon()` counts as it, as in
+        # Keras's own cross entropies.
+        y_pred = ops.log(ops.maximum(y_pred, keras.config.epsilon()))
     return ops.clip(y_pred, -_LOGIT_LIMIT, _LOGIT_LIMIT)
 
 
@@ -367,6 +388,16 @@ def _int_labels(y_true, y_pred, ignore_class):
     if num_classes is not None:
         _check_label_range(labels, num_classes, ignore_class)
     return labels
+
+
+def _is_one_hot(y_true):
+    """bool `[...]`: the rows of `y_true` `[..., C]` that are one-hot."""
+    ones = ops.equal(y_true, 1)
+    zero_one = ops.logical_or(ones, ops.equal(y_true, 0))
+    return ops.logical_and(
+        ops.all(zero_one, axis=-1),
+        ops.equal(ops.sum(ops.cast(ones, "int32"), axis=-1), 1),
+    )
 
 
 def _check_one_hot(y_true):
@@ -416,6 +447,11 @@ def prepare_multiclass(y_true, y_pred, from_logits, label_mode, ignore_class):
         check_same_shape(y_true, y_pred, "one-hot")
         _check_one_hot(y_true)
         labels = ops.cast(ops.argmax(y_true, axis=-1), "int32")
+        if not is_concrete(y_true):
+            # A compiled step cannot raise: a row that is not one-hot (all
+            # zeros, smoothed) has no target, and so an infinite loss, as
+            # an integer label out of range has.
+            labels = ops.where(_is_one_hot(y_true), labels, -1)
     else:
         labels = _int_labels(y_true, y_pred, ignore_class)
     valid = None
@@ -433,7 +469,7 @@ def cross_entropy_over_kept(logits, is_target, keep=None):
     `keep` must contain the target. The max is taken over all classes: it
     is a kept class whenever the target is kept, so the shift is exact,
     and for a row where only the target is kept it equals `o_t`, making the
-    loss `o_t + log(1) - o_t == 0.0` exactly, with a gradient
+    loss `log(1) + (o_t - o_t) == 0.0` exactly, with a gradient
     `1 - 1 == 0.0` exactly.
 
     Args:
@@ -451,13 +487,17 @@ def cross_entropy_over_kept(logits, is_target, keep=None):
     if keep is not None:
         exps = ops.where(keep, exps, 0.0)
     target = ops.sum(ops.where(is_target, logits, 0.0), axis=-1)
-    values = ops.squeeze(top, axis=-1) + ops.log(ops.sum(exps, axis=-1))
+    # `log(sum) + (top - target)`: with `top + log(sum)` first, a large
+    # common offset of the logits would round the log away.
+    values = ops.log(ops.sum(exps, axis=-1)) + (
+        ops.squeeze(top, axis=-1) - target
+    )
     if keep is not None:
         # A NaN logit makes the row NaN, as without `keep`, which drops it
         # (TensorFlow's XLA `max`, and so `top`, skips NaN).
         nan = ops.any(ops.isnan(logits), axis=-1)
         values = ops.where(nan, float("nan"), values)
-    return inf_without_target(values - target, is_target)
+    return inf_without_target(values, is_target)
 
 
 def inf_without_target(values, is_target):
@@ -467,12 +507,17 @@ def inf_without_target(values, is_target):
 
 
 def mask_rows(values, valid):
-    """Zeroes the rows that do not count (`valid` false); `valid=None`
-    returns `values` unchanged. `PerRowLoss` leaves the same rows out of
-    the mean (`row_weights`)."""
+    """Zeroes the rows that do not count (`valid` false) and gives the
+    values `valid` as their Keras mask, as
+    `keras.losses.sparse_categorical_crossentropy(..., ignore_class=...)`
+    does: a loss or metric made of the function leaves those rows out of
+    its mean. `valid=None` returns `values` unchanged. `PerRowLoss`
+    leaves the same rows out through its weights (`row_weights`)."""
     if valid is None:
         return values
-    return ops.where(valid, values, 0.0)
+    values = ops.where(valid, values, 0.0)
+    set_keras_mask(values, valid)
+    return values
 
 
 def ignore_class_of(loss):

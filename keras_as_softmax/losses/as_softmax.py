@@ -107,7 +107,7 @@ def as_softmax_cross_entropy(
         Lv et al., "Adaptive Sparse Softmax: An Effective and Efficient
         Softmax Variant" (eq. 5-7).
     """
-    delta = _common.check_delta(delta)
+    checked = _common.check_delta(delta)
     y_pred = ops.convert_to_tensor(y_pred)
     logits, labels, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, from_logits, label_mode, ignore_class
@@ -115,7 +115,7 @@ def as_softmax_cross_entropy(
     top, target = _row_max_and_target(
         y_pred, logits, labels, is_target, from_logits
     )
-    delta = ops.cast(delta, logits.dtype)
+    delta = ops.cast(checked, logits.dtype)
 
     @ops.custom_gradient
     def cross_entropy_within_margin(x):
@@ -132,8 +132,10 @@ def as_softmax_cross_entropy(
         # resolution). `target_exp` is the exp of the same difference as
         # the target's entry of `exps`; a second reduction to read that
         # entry would make XLA write `exps` out.
+        # `log(kept) + (top - target)`: with `top + log(kept)` first, a
+        # large common offset of the logits would round the log away.
         values = ops.where(
-            kept == target_exp, 0.0, top + ops.log(kept) - target
+            kept == target_exp, 0.0, ops.log(kept) + (top - target)
         )
         # A NaN logit makes the row NaN, as in softmax cross entropy: the
         # comparisons alone would drop it, and TensorFlow's XLA `max`
@@ -150,7 +152,10 @@ def as_softmax_cross_entropy(
 
         return values, grad
 
-    return _common.mask_rows(cross_entropy_within_margin(logits), valid)
+    values = _common.check_delta_value(
+        cross_entropy_within_margin(logits), checked
+    )
+    return _common.mask_rows(values, valid)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -208,12 +213,14 @@ class ASSoftmaxLoss(PerRowLoss):
 
     Returns:
         The reduced loss, or per-row values with `reduction=None`. Eager
-        calls check the labels (integers in range) and, with
-        `from_logits=False`, the probabilities, and raise a `ValueError`.
+        calls check the labels (integers in range, or one-hot rows), with
+        `from_logits=False` the probabilities, and the value of
+        `loss.delta` (assigned outside [0, 1]), and raise a `ValueError`.
         A compiled step cannot check them without reading a device value
-        back to the host: there a label outside `[0, C)` gives its row an
-        infinite loss (`loss: inf` in `fit`'s logs). To find such labels,
-        `compile(..., run_eagerly=True)` and fit once.
+        back to the host: there a label outside `[0, C)`, or a row that is
+        not one-hot, gives its row an infinite loss (`loss: inf` in
+        `fit`'s logs), and a `delta` outside [0, 1] a NaN loss. To find
+        such labels, `compile(..., run_eagerly=True)` and fit once.
 
     Example:
 

@@ -238,7 +238,11 @@ def _tsallis_loss(logits, is_target, probs, alpha):
     probs = ops.stop_gradient(probs)
     onehot = ops.cast(is_target, logits.dtype)
     entropy = (1.0 - ops.sum(probs**alpha, axis=-1)) / (alpha * (alpha - 1.0))
-    values = entropy + ops.sum((probs - onehot) * logits, axis=-1)
+    # `p - onehot` sums to 0, so the product is the same for logits
+    # shifted by their max, where a large common offset rounds nothing
+    # away.
+    shifted = logits - ops.stop_gradient(ops.max(logits, -1, keepdims=True))
+    values = entropy + ops.sum((probs - onehot) * shifted, axis=-1)
     return _common.inf_without_target(values, is_target)
 
 

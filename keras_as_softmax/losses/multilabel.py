@@ -237,7 +237,7 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     # (TensorFlow's XLA): carry it into the loss, which the masks alone
     # would hide (every comparison with NaN is false).
     lse_negative = lse_negative + 0.0 * (top + total)
-    return _two_sided(
+    values = _two_sided(
         logits,
         ops.stop_gradient(lse_negative),
         ops.stop_gradient(lse_positive),
@@ -249,6 +249,7 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
         ),
         ops.logical_and(positive, logits + (-min_positive) < -upper),
     )
+    return _common.check_delta_value(values, delta)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
