@@ -752,6 +752,39 @@ def test_filters_train_a_multi_label_model(jit_compile):
     assert np.isfinite(logs["loss"]).all()
 
 
+@pytest.mark.parametrize("jit_compile", JIT, indirect=True)
+def test_filters_train_with_a_float64_floatx(jit_compile):
+    """Under `keras.config.set_floatx("float64")` Keras's default integer
+    is int64: the queues' arithmetic stays int32 (a Python int in a
+    `where` made the step refuse to trace)."""
+    x, y = sentence_data()
+    keras.config.set_floatx("float64")
+    try:
+        wrapped = kas.ASSpeed(
+            small_model(),
+            sample_filter=[
+                filters.SkipMaskedLastSeen(64, seed=0),
+                filters.SkipMasked(0.0, warmup_epochs=0),
+            ],
+        )
+        wrapped.compile(
+            optimizer=keras.optimizers.Adam(0.05),
+            loss=kas.ASSoftmaxLoss(0.3),
+            jit_compile=jit_compile,
+        )
+        logs = wrapped.fit(
+            filters.with_sample_ids(x.astype("float64")),
+            y,
+            batch_size=8,
+            epochs=3,
+            verbose=0,
+        ).history
+    finally:
+        keras.config.set_floatx("float32")
+    assert logs["scored_fraction"][-1] > 0.0
+    assert np.isfinite(logs["loss"]).all()
+
+
 def sentence_data(n=64, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, 6)).astype("float32")

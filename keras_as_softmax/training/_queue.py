@@ -77,12 +77,13 @@ def push_pop(queue, rows, keep, size):
     # Where the batch's rows wait after the pop: behind the waiting rows,
     # or, if the front was taken, moved forward by `size` (the rows taken
     # wrap around to the stale end).
-    shift = ops.where(ready, capacity - size, 0)
+    ready_int = ops.cast(ready, "int32")  # Python ints would follow floatx
+    shift = ready_int * (capacity - size)
     slots = (place + count + shift) % capacity
     popped, buffers = reads_first(popped, queue.buffers)
     buffers = [
         write_rows(buffer, RowUpdate(slots, row))
         for buffer, row in zip(buffers, rows)
     ]
-    left = count + taken - ops.where(ready, size, 0)
+    left = count + taken - ready_int * size
     return popped, ready, RowQueue(buffers, left)
