@@ -523,7 +523,7 @@ def test_a_large_common_offset_of_the_logits_leaves_the_loss(name):
     make, ref = MULTICLASS[name]
     rng = np.random.default_rng(3)
     eighths = [
-        rng.choice(np.arange(-24, 25), 6, replace=False) for _ in "x" * 16
+        rng.choice(np.arange(-24, 25), 6, replace=False) for _ in range(16)
     ]
     logits = (np.array(eighths) / 8).astype("float32")
     labels = rng.integers(0, 6, 16)
