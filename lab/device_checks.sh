@@ -31,42 +31,36 @@ run() {  # run NAME SECONDS BACKEND ARGS...
         | grep -v -e "^WARNING" -e "^I0000" | tee "$OUT/$name.txt"
     echo "== $name: exit ${PIPESTATUS[0]}, $((SECONDS - start)) s"
 }
-# First issue 30's criterion, at both of its shapes, in what fits one call
-# of the device tool (490 s): ASSpeed's step beside softmax's (at most
+# First issue 30's criterion at both of its shapes, eight steps a dispatch
+# (which ASSpeed runs in one lax.scan on Keras 3.15; a plain Keras 3.15
+# model loops over them on the host), then one a dispatch, in what fits one
+# call of the device tool (520 s): ASSpeed's step beside softmax's (at most
 # 1.05x), and the filters' (1.5x faster at 80% masked or more), with each
-# variant's host time a step (`host ms`). Then eight steps a dispatch at
-# MiniLM's shape, which ASSpeed runs in one lax.scan on Keras 3.15 (a
-# plain Keras 3.15 model loops over them on the host), `as_speed` beside
-# the filter to tell the scan's share from the filter's: if the host's
-# time a step bounds the filtered step (on the H200, a MiniLM step that
-# only scores took softmax's time; BERT-base's, scoring all and training
-# 6%, 0.87x it), the filters pay once it comes once per eight steps. Then
-# the same filtered step with the temporary buffer at a fixed address
-# (SKIP_TEMP, in the 0.11.2 and 0.12 jaxlibs: XLA's VMM allocator in
-# place of BFC), for the other reading of the H200's times: they
-# followed the number of commands in a step's CUDA graph, untaken
-# branches included, more than its work, as if XLA updated nearly every
-# command before each execution, which it does when the temporary buffer
-# moves (see graph_updates below).
-run gpu_check_jax 120 jax benchmarks/gpu_check.py --shape minilm \
+# variant's host time a step (`host ms`). Then MiniLM's filtered step with
+# the temporary buffer at a fixed address (SKIP_TEMP, in the 0.11.2 and
+# 0.12 jaxlibs: XLA's VMM allocator in place of BFC), for the other reading
+# of the H200's times: they followed the number of commands in a step's
+# CUDA graph, untaken branches included, more than its work, as if XLA
+# updated nearly every command before each execution, which it does when
+# the temporary buffer moves (see graph_updates below).
+run gpu_check_jax_bert_base_spe8 160 jax benchmarks/gpu_check.py \
+    --shape bert_base --steps-per-execution 8 \
     --variants softmax,as_speed,skip_masked,pair
-run gpu_check_jax_bert_base 170 jax benchmarks/gpu_check.py --shape bert_base \
+run gpu_check_jax_spe8 110 jax benchmarks/gpu_check.py --shape minilm \
+    --steps-per-execution 8 --variants softmax,as_speed,skip_masked,pair
+run gpu_check_jax_bert_base 160 jax benchmarks/gpu_check.py --shape bert_base \
     --variants softmax,as_speed,skip_masked,pair
-run gpu_check_jax_spe8 120 jax benchmarks/gpu_check.py --shape minilm \
-    --steps-per-execution 8 --variants softmax,as_speed,skip_masked
 XLA_FLAGS=--xla_gpu_command_buffer_update_mode=SKIP_TEMP \
     run gpu_check_jax_skip_temp 80 jax benchmarks/gpu_check.py \
     --shape minilm --variants softmax,skip_masked --rounds 2
-# Then what tells where a step's time goes: BERT-base's step with SKIP_TEMP
-# and eight a dispatch, the host's time a step, XLA's log of its CUDA
-# graph updates, eight steps a dispatch under Keras's nightly, softmax
-# scanned too.
+run gpu_check_jax 120 jax benchmarks/gpu_check.py --shape minilm \
+    --variants softmax,as_speed,skip_masked,pair
+# Then what tells where a step's time goes: BERT-base's step with
+# SKIP_TEMP, the host's time a step, XLA's log of its CUDA graph updates,
+# eight steps a dispatch under Keras's nightly, softmax scanned too.
 XLA_FLAGS=--xla_gpu_command_buffer_update_mode=SKIP_TEMP \
     run gpu_check_jax_bert_base_skip_temp 110 jax benchmarks/gpu_check.py \
     --shape bert_base --variants softmax,skip_masked --rounds 2
-run gpu_check_jax_bert_base_spe8 170 jax benchmarks/gpu_check.py \
-    --shape bert_base --steps-per-execution 8 \
-    --variants softmax,as_speed,skip_masked
 # Where the host's time a step goes on this machine's CPU, one step a
 # dispatch: the step's dispatch, its state, the batch's device_put, the
 # callbacks (on the 2-core CPU: results/host_time_jax012.txt).
