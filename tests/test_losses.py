@@ -367,14 +367,7 @@ def test_other_losses_finite_difference_gradients(name):
     else:
         y = (rng.random((5, 6)) < 0.3).astype("float64")
     values, grad = value_and_grad(lambda x: fn(y, x), logits)
-    # keras.ops.cumsum on torch returns float32 for float64 input (Keras
-    # 3.15), which limits the sort-based losses to float32 accuracy there.
-    rtol = (
-        1e-5
-        if BACKEND == "torch" and name in ("sparsemax", "entmax15")
-        else 1e-7
-    )
-    np.testing.assert_allclose(values, ref(y, logits), rtol=rtol, atol=1e-9)
+    np.testing.assert_allclose(values, ref(y, logits), rtol=1e-7, atol=1e-9)
     eps = 1e-6
     numeric = np.zeros_like(logits)
     for idx in np.ndindex(logits.shape):

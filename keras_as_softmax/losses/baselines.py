@@ -174,6 +174,20 @@ def _sorted_desc(x):
     return ops.flip(ops.sort(x, axis=-1), axis=-1)
 
 
+def _cumsum(x):
+    """`ops.cumsum` along the last axis, in `x`'s dtype.
+
+    On PyTorch, Keras 3.15's `cumsum` computes float64 input in float32 (its
+    `result_type` of float64 is float32, as `maximum(x, 0.0)`'s, hence
+    `relu` below), so there the sum is torch's own.
+    """
+    if keras.backend.backend() == "torch":
+        import torch
+
+        return torch.cumsum(x, dim=-1)
+    return ops.cumsum(x, axis=-1)
+
+
 def _gather_last(x, index):
     return ops.squeeze(ops.take_along_axis(x, index, axis=-1), axis=-1)
 
@@ -188,13 +202,13 @@ def sparsemax(logits):
     z = logits - ops.max(logits, axis=-1, keepdims=True)
     z_sorted = _sorted_desc(z)
     rank = ops.arange(1, ops.shape(z)[-1] + 1, dtype=z.dtype)
-    cumsum = ops.cumsum(z_sorted, axis=-1, dtype=z.dtype)
+    cumsum = _cumsum(z_sorted)
     support = ops.greater(1.0 + rank * z_sorted, cumsum)
     size = ops.sum(ops.cast(support, "int32"), axis=-1, keepdims=True)
     tau = (_gather_last(cumsum, size - 1) - 1.0) / ops.cast(
         ops.squeeze(size, -1), z.dtype
     )
-    return ops.maximum(z - ops.expand_dims(tau, -1), 0.0)
+    return ops.relu(z - ops.expand_dims(tau, -1))
 
 
 def entmax15(logits):
@@ -207,17 +221,17 @@ def entmax15(logits):
     z = (logits - ops.max(logits, axis=-1, keepdims=True)) / 2.0
     z_sorted = _sorted_desc(z)
     rank = ops.arange(1, ops.shape(z)[-1] + 1, dtype=z.dtype)
-    mean = ops.cumsum(z_sorted, axis=-1, dtype=z.dtype) / rank
-    mean_sq = ops.cumsum(ops.square(z_sorted), axis=-1, dtype=z.dtype) / rank
+    mean = _cumsum(z_sorted) / rank
+    mean_sq = _cumsum(ops.square(z_sorted)) / rank
     spread = rank * (mean_sq - ops.square(mean))
-    tau_all = mean - ops.sqrt(ops.maximum((1.0 - spread) / rank, 0.0))
+    tau_all = mean - ops.sqrt(ops.relu((1.0 - spread) / rank))
     size = ops.sum(
         ops.cast(ops.less_equal(tau_all, z_sorted), "int32"),
         axis=-1,
         keepdims=True,
     )
     tau = ops.expand_dims(_gather_last(tau_all, size - 1), -1)
-    return ops.square(ops.maximum(z - tau, 0.0))
+    return ops.square(ops.relu(z - tau))
 
 
 def _check_logits_only(from_logits, name):
