@@ -16,7 +16,7 @@ Usage:
 
 ```
 python examples/demo.py                     # ~12 minutes on 2 CPU cores
-python examples/demo.py --quick             # smoke test, about a minute
+python examples/demo.py --quick             # smoke test on a tiny random BERT
 python examples/demo.py --source clinc_oos  # needs tensorflow-datasets, network
 python examples/demo.py --json demo.json    # also writes the figures
 ```
@@ -66,7 +66,10 @@ def parse_args(argv=None):
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--preset", default="offline-minilm", help="KerasHub BERT preset"
+        "--preset",
+        default=None,
+        help="KerasHub BERT preset (default offline-minilm; --quick's: "
+        "tiny-random, a one-layer random BERT on MiniLM's tokenizer)",
     )
     parser.add_argument(
         "--source", default="wordnet", choices=("wordnet", "clinc_oos")
@@ -101,6 +104,8 @@ def parse_args(argv=None):
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.preset is None:
+        args.preset = "tiny-random" if quick else "offline-minilm"
     if quick:
         args.batch_size = min(args.batch_size, 16)
         args.graph = True  # XLA would compile three models: minutes

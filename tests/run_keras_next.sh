@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs the loss suite on TensorFlow and the training suite on JAX with the
-# newest of everything: Keras's next release, as one pinned nightly build
-# carries it (KERAS_NEXT), the newest jax, under Python 3.13, in a venv of
-# its own that later runs reuse. That Keras runs `steps_per_execution`
+# Runs the loss suite on TensorFlow and the training suite's core on JAX
+# (tests/suites.sh) with the newest of everything: Keras's next release, as
+# one pinned nightly build carries it (KERAS_NEXT), the newest jax, under
+# Python 3.13, in a venv of its own that later runs reuse. That Keras runs `steps_per_execution`
 # steps in one `jax.lax.scan` on JAX (keras-team/keras#23527), one dispatch
 # for N drawn batches: how a GPU user cuts the host's time a step. The
 # build goes into a folder of its own that shadows the venv's Keras
@@ -30,4 +30,4 @@ print("jax", jax.__version__)
 print("keras", keras.__version__)'
 KERAS_BACKEND=tensorflow "$python" -m pytest "${pytest_args[@]}" "${loss_tests[@]}" "$@"
 KERAS_BACKEND=jax "$python" -m pytest "${pytest_args[@]}" "${training_tests[@]}" \
-    -k "not keras_hub" "$@"
+    -k "$core_training" "$@"

@@ -34,20 +34,34 @@ class Backbone:
         return backbone
 
 
+# `load_backbone`'s preset for smoke runs: `tiny_backbone` on the offline
+# MiniLM's tokenizer, with none of its weights.
+TINY_RANDOM = "tiny-random"
+
+
 def load_backbone(preset="offline-minilm", **kwargs):
     """Loads a pretrained BERT backbone and tokenizer as a `Backbone`.
 
     Args:
-        preset: `"offline-minilm"` (default, no network) or any KerasHub
-            BERT preset; see `as_softmax_lab.backbones.load_bert`.
+        preset: `"offline-minilm"` (default, no network), any KerasHub
+            BERT preset (see `as_softmax_lab.backbones.load_bert`), or
+            `"tiny-random"`: a one-layer randomly initialised BERT on the
+            offline MiniLM's tokenizer (`tiny_backbone`), for smoke runs.
         **kwargs: passed to `load_bert`.
 
     Returns:
         A `Backbone`.
     """
-    from as_softmax_lab.backbones import load_bert
+    from as_softmax_lab import backbones
 
-    backbone, tokenizer = load_bert(preset, **kwargs)
+    if preset == TINY_RANDOM:
+        import keras_hub
+
+        path = backbones.resolve_preset(backbones.OFFLINE_MINILM)
+        tokenizer = keras_hub.models.BertTokenizer.from_preset(path)
+        tiny = tiny_backbone(tokenizer, max_sequence_length=512)
+        return Backbone(tiny.backbone, tokenizer, preset)
+    backbone, tokenizer = backbones.load_bert(preset, **kwargs)
     return Backbone(backbone, tokenizer, preset)
 
 
