@@ -129,12 +129,16 @@ def load_bert(preset=OFFLINE_MINILM, load_weights=True, **kwargs):
     ```
     """
     keras_hub = _import_keras_hub()
-    path = resolve_preset(preset)
     backbone = keras_hub.models.BertBackbone.from_preset(
-        path, load_weights=load_weights, **kwargs
+        resolve_preset(preset), load_weights=load_weights, **kwargs
     )
-    tokenizer = keras_hub.models.BertTokenizer.from_preset(path)
-    return backbone, tokenizer
+    return backbone, load_tokenizer(preset)
+
+
+def load_tokenizer(preset=OFFLINE_MINILM):
+    """The `keras_hub.models.BertTokenizer` of a `load_bert` preset."""
+    keras_hub = _import_keras_hub()
+    return keras_hub.models.BertTokenizer.from_preset(resolve_preset(preset))
 
 
 def text_classifier_preprocessor(tokenizer, sequence_length=128):
@@ -168,9 +172,7 @@ def text_classifier_preprocessor(tokenizer, sequence_length=128):
             f"[SEP]). Received: sequence_length={sequence_length!r}"
         )
     if isinstance(tokenizer, str):
-        tokenizer = keras_hub.models.BertTokenizer.from_preset(
-            resolve_preset(tokenizer)
-        )
+        tokenizer = load_tokenizer(tokenizer)
     if not isinstance(tokenizer, keras_hub.models.BertTokenizer):
         raise ValueError(
             "`tokenizer` must be a `keras_hub.models.BertTokenizer` or a "

@@ -55,10 +55,7 @@ def load_backbone(preset="offline-minilm", **kwargs):
     from as_softmax_lab import backbones
 
     if preset == TINY_RANDOM:
-        import keras_hub
-
-        path = backbones.resolve_preset(backbones.OFFLINE_MINILM)
-        tokenizer = keras_hub.models.BertTokenizer.from_preset(path)
+        tokenizer = backbones.load_tokenizer(backbones.OFFLINE_MINILM)
         tiny = tiny_backbone(tokenizer, max_sequence_length=512)
         return Backbone(tiny.backbone, tokenizer, preset)
     backbone, tokenizer = backbones.load_bert(preset, **kwargs)
