@@ -17,7 +17,7 @@ KERAS_BACKEND=tensorflow python -m pytest "${pytest_args[@]}" "$@"
 KERAS_BACKEND=jax python -m pytest "${pytest_args[@]}" -m multibackend "$@"
 KERAS_BACKEND=jax python -m pytest "${pytest_args[@]}" "${training_tests[@]}" \
     -k "$core_training" "$@"
-KERAS_BACKEND=torch python -m pytest "${pytest_args[@]}" -m multibackend "${loss_tests[@]}" "$@"
-KERAS_BACKEND=torch python -m pytest "${pytest_args[@]}" "${training_tests[@]}" "$@"
+KERAS_BACKEND=torch python -m pytest "${pytest_args[@]}" "${loss_tests[@]}" \
+    "${training_tests[@]}" "$@"
 bash tests/run_jax_latest.sh "$@"
 bash tests/run_keras_next.sh "$@"
