@@ -912,7 +912,7 @@ def test_empty_batch_gives_empty_rows_and_zero_loss(case):
             assert to_numpy(jit(labels, logits)) == 0.0
 
 
-@pytest.mark.parametrize("bad", [0.5, 2.0, -1.0])
+@pytest.mark.parametrize("bad", [0.5, 2.0, -1.0, np.nan])
 def test_multilabel_targets_outside_zero_one_are_refused(bad):
     y = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], "float32")
     y[1, 2] = bad
@@ -927,11 +927,57 @@ def test_multilabel_targets_outside_zero_one_are_refused(bad):
             ValueError, match=rf"multi-hot.*other than 0 and 1.*\[{bad}\]"
         ):
             loss(y, logits)
-    # Under tracing the values are unknown: no check, no error.
-    loss = kas.MultiLabelASSoftmaxLoss()
-    jit = compiled(lambda a, b: loss(a, b))
-    if jit is not None:
-        jit(y, logits)
+    # Compiled, nothing is read back: the row's loss is infinite, as a
+    # one-hot row that is not one (not the loss of its labels rounded to 0
+    # or 1), and the other rows' as without it. On TensorFlow also in a
+    # graph without XLA, as `fit` runs it on CPUs by default.
+    compilers = [compiled]
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        compilers.append(tf.function)
+    for per_row, compile_fn in itertools.product(
+        (
+            kas.MultiLabelASSoftmaxLoss(0.3, reduction=None),
+            kas.MultiLabelCategoricalCrossentropy(reduction=None),
+        ),
+        compilers,
+    ):
+        jit = compile_fn(lambda a, b, loss=per_row: loss(a, b))
+        if jit is None:
+            continue
+        values = to_numpy(jit(y, logits))
+        assert values[1] == np.inf
+        np.testing.assert_allclose(
+            values[0], to_numpy(per_row(y[:1], logits[:1]))[0], rtol=1e-6
+        )
+    # In `fit`, the log shows it, and the step still trains on the others:
+    # the row's gradient is 0, not NaN, also at extreme logits and deltas.
+    # PyTorch's eager step refuses it.
+    x = np.array([[1.0, 0.0, 0.0], [0.0, 1e4, 0.0]], "float32")
+    for loss in (
+        kas.MultiLabelASSoftmaxLoss(0.0),
+        kas.MultiLabelASSoftmaxLoss(0.3),
+        kas.MultiLabelASSoftmaxLoss(1.0),
+        kas.MultiLabelCategoricalCrossentropy(),
+    ):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(3)])
+        # Row 0's positive is its weakest class (never masked), row 1's
+        # logits are +-1e4.
+        kernel = np.zeros((3, 3), "float32")
+        kernel[1, 1:] = [1.0, -1.0]
+        model.layers[0].kernel.assign(kernel)
+        model.layers[0].bias.assign([-1.0, 0.0, 1.0])
+        model.compile("sgd", loss)
+        if BACKEND == "torch":
+            with pytest.raises(ValueError, match="multi-hot"):
+                model.fit(x, y, verbose=0)
+            continue
+        before = to_numpy(model.layers[0].kernel)
+        history = model.fit(x, y, batch_size=2, verbose=0)
+        assert history.history["loss"] == [np.inf]
+        after = to_numpy(model.layers[0].kernel)
+        assert np.isfinite(after).all() and not np.allclose(after, before)
 
 
 @pytest.mark.parametrize("bad", [-0.2, 1.5])

@@ -19,8 +19,11 @@ def _prepare_multilabel(y_true, y_pred):
         "multi-hot labels (1 for a positive class, 0 for a negative one)",
     )
     logits = _common.to_logits(y_pred, from_logits=True)
-    positive = ops.greater(ops.cast(y_true, logits.dtype), 0.5)
-    return logits, positive
+    y_true = ops.cast(y_true, logits.dtype)
+    # Labels other than 0 and 1 (`y * y != y`, NaN too), which a compiled
+    # step cannot refuse: their rows' loss is made infinite (`_sides`).
+    unlabelled = ops.not_equal(y_true * y_true, y_true)
+    return logits, ops.greater(y_true, 0.5), unlabelled
 
 
 # Stands in for -inf in the per-side copies of the logits: below every
@@ -29,9 +32,12 @@ def _prepare_multilabel(y_true, y_pred):
 _EXCLUDED = 3e38
 
 
-def _sides(logits, positive):
+def _sides(logits, positive, unlabelled):
     """The negatives' logits and the positives' negated logits, `[..., C]`
-    each, with `-_EXCLUDED` for the classes of the other side.
+    each, with `-_EXCLUDED` for the classes of the other side, and
+    `+_EXCLUDED` among the positives for a label other than 0 or 1
+    (`unlabelled`): the positives' row max, which both losses take, then
+    marks the row (`_inf_unless_multi_hot`) without a pass of its own.
 
     These two selects are the only `[..., C]` temporaries of the forward
     pass: every row reduction below reads one of them (or the raw logits)
@@ -40,8 +46,22 @@ def _sides(logits, positive):
     """
     o = ops.stop_gradient(logits)
     negatives = ops.where(positive, -_EXCLUDED, o)
-    positives = ops.where(positive, -o, -_EXCLUDED)
+    positives = ops.where(
+        unlabelled, _EXCLUDED, ops.where(positive, -o, -_EXCLUDED)
+    )
     return negatives, positives
+
+
+def _inf_unless_multi_hot(values, max_positive):
+    """`values` `[...]`, `inf` in the rows whose labels are not all 0 or 1,
+    marked by `_sides` in their positives' row max `max_positive`
+    `[..., 1]`: as a one-hot row that is not one
+    (`_common.inf_without_target`), never a silent guess at what a soft
+    label meant. The row's other values stay finite, so its gradient is 0.
+    A NaN `max_positive` (a NaN logit) leaves the row's NaN.
+    """
+    marked = ops.squeeze(max_positive, -1) >= _EXCLUDED
+    return ops.where(marked, _INF, values)
 
 
 def _log1p_sum_exp(shift, total):
@@ -110,15 +130,17 @@ def multilabel_categorical_crossentropy(y_true, y_pred):
             logit is > 0.
 
     Returns:
-        Loss values of shape `[...]`.
+        Loss values of shape `[...]`; `inf` for a row whose labels are not
+        all 0 or 1, where a compiled call cannot raise (an eager one does).
     """
-    logits, positive = _prepare_multilabel(y_true, y_pred)
-    negatives, positives = _sides(logits, positive)
+    logits, positive, unlabelled = _prepare_multilabel(y_true, y_pred)
+    negatives, positives = _sides(logits, positive, unlabelled)
+    max_positive = _row_max(positives)
     # max(0, largest o) over the negatives, max(0, largest -o) over the
     # positives: the shifts of the two logsumexps with an appended 0.
     shift_negative = ops.relu(_row_max(negatives))
-    shift_positive = ops.relu(_row_max(positives))
-    return _two_sided(
+    shift_positive = ops.relu(max_positive)
+    values = _two_sided(
         logits,
         _log1p_sum_exp(
             shift_negative, _row_sum(ops.exp(negatives - shift_negative))
@@ -129,6 +151,7 @@ def multilabel_categorical_crossentropy(y_true, y_pred):
         ops.logical_not(positive),
         positive,
     )
+    return _inf_unless_multi_hot(values, max_positive)
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -151,14 +174,17 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
             setting; it used 0.35 on WOS).
 
     Returns:
-        Loss values of shape `[...]`; exactly 0.0 for masked rows.
+        Loss values of shape `[...]`; exactly 0.0 for masked rows; `inf`
+        for a row whose labels are not all 0 or 1, where a compiled call
+        cannot raise (an eager one does).
     """
     delta = _common.check_delta(delta)
-    logits, positive = _prepare_multilabel(y_true, y_pred)
-    negatives, positives = _sides(logits, positive)
+    logits, positive, unlabelled = _prepare_multilabel(y_true, y_pred)
+    negatives, positives = _sides(logits, positive, unlabelled)
     # The extremes; a side without classes gives -_EXCLUDED, made -inf.
     max_negative = _row_max(negatives)
-    min_positive = -_row_max(positives)
+    max_positive = _row_max(positives)
+    min_positive = -max_positive
     has_negative = max_negative > -_EXCLUDED
     has_positive = min_positive < _EXCLUDED
     max_negative = ops.where(has_negative, max_negative, -_INF)
@@ -249,7 +275,9 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
         ),
         ops.logical_and(positive, logits + (-min_positive) < -upper),
     )
-    return _common.check_delta_value(values, delta)
+    return _common.check_delta_value(
+        _inf_unless_multi_hot(values, max_positive), delta
+    )
 
 
 @keras.saving.register_keras_serializable(package="keras_as_softmax")
@@ -273,7 +301,13 @@ class MultiLabelCategoricalCrossentropy(PerRowLoss):
         dtype: as in `keras.losses.Loss`.
 
     Returns:
-        The reduced loss, or per-row values with `reduction=None`.
+        The reduced loss, or per-row values with `reduction=None`. Eager
+        calls check that the labels are 0 or 1, and raise a `ValueError`.
+        A compiled step cannot check them without reading a device value
+        back to the host: there a row with a label other than 0 or 1 (a
+        soft label, a -1 for padding) gets an infinite loss (`loss: inf` in
+        `fit`'s logs). To find such labels,
+        `compile(..., run_eagerly=True)` and fit once.
 
     Example:
 
@@ -339,7 +373,14 @@ class MultiLabelASSoftmaxLoss(PerRowLoss):
         dtype: as in `keras.losses.Loss`.
 
     Returns:
-        The reduced loss, or per-row values with `reduction=None`.
+        The reduced loss, or per-row values with `reduction=None`. Eager
+        calls check that the labels are 0 or 1, and the value of
+        `loss.delta` (assigned outside [0, 1]), and raise a `ValueError`.
+        A compiled step cannot check them without reading a device value
+        back to the host: there a row with a label other than 0 or 1 (a
+        soft label, a -1 for padding) gets an infinite loss (`loss: inf` in
+        `fit`'s logs), and a `delta` outside [0, 1] a NaN loss. To find
+        such labels, `compile(..., run_eagerly=True)` and fit once.
 
     Example:
 
