@@ -48,6 +48,16 @@ def compiled(fn):
     return None
 
 
+def compilers():
+    """What compiles a step here: `compiled`, and on TensorFlow also a
+    `tf.function` graph without XLA, as `fit` runs one on CPUs by default."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return [compiled, tf.function]
+    return [compiled]
+
+
 def to_numpy(x):
     return ops.convert_to_numpy(x)
 

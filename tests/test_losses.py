@@ -22,6 +22,7 @@ import keras_as_softmax as kas
 from tests import reference
 from tests.backend_utils import BACKEND
 from tests.backend_utils import compiled
+from tests.backend_utils import compilers
 from tests.backend_utils import to_numpy
 from tests.backend_utils import value_and_grad
 
@@ -840,11 +841,6 @@ def test_labels_out_of_range_are_reported_eagerly(classes):
     # docstring says, and the others' are as without it; the baselines'
     # too. On TensorFlow also in a graph without XLA, as `fit` runs it on
     # CPUs by default (where a gather refuses an index out of range).
-    compilers = [compiled]
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        compilers.append(tf.function)
     for per_row, compile_fn in itertools.product(
         (
             kas.ASSoftmaxLoss(reduction=None),
@@ -854,7 +850,7 @@ def test_labels_out_of_range_are_reported_eagerly(classes):
             kas.SparsemaxLoss(reduction=None),
             kas.Entmax15Loss(reduction=None),
         ),
-        compilers,
+        compilers(),
     ):
         jit = compile_fn(lambda y, x, loss=per_row: loss(y, x))
         if jit is None:
@@ -931,17 +927,12 @@ def test_multilabel_targets_outside_zero_one_are_refused(bad):
     # one-hot row that is not one (not the loss of its labels rounded to 0
     # or 1), and the other rows' as without it. On TensorFlow also in a
     # graph without XLA, as `fit` runs it on CPUs by default.
-    compilers = [compiled]
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        compilers.append(tf.function)
     for per_row, compile_fn in itertools.product(
         (
             kas.MultiLabelASSoftmaxLoss(0.3, reduction=None),
             kas.MultiLabelCategoricalCrossentropy(reduction=None),
         ),
-        compilers,
+        compilers(),
     ):
         jit = compile_fn(lambda a, b, loss=per_row: loss(a, b))
         if jit is None:

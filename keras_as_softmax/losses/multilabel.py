@@ -57,8 +57,8 @@ def _inf_unless_multi_hot(values, max_positive):
     marked by `_sides` in their positives' row max `max_positive`
     `[..., 1]`: as a one-hot row that is not one
     (`_common.inf_without_target`), never a silent guess at what a soft
-    label meant. The row's other values stay finite, so its gradient is 0.
-    A NaN `max_positive` (a NaN logit) leaves the row's NaN.
+    label meant. The row's sums stay finite, so its gradient is 0, not
+    NaN. A NaN `max_positive` (a NaN logit) leaves the row NaN.
     """
     marked = ops.squeeze(max_positive, -1) >= _EXCLUDED
     return ops.where(marked, _INF, values)
