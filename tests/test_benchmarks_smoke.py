@@ -75,9 +75,7 @@ def test_step_overhead_quick_prints_every_variant():
         "pair",
         "selective_backprop",
     )
-    out = run_quick(
-        STEP_OVERHEAD, backend, 300, "--variants", ",".join(variants)
-    )
+    out = run_quick(STEP_OVERHEAD, backend, "--variants", ",".join(variants))
     rows = {}
     for line in out.splitlines():
         words = line.split()
