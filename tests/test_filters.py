@@ -2420,6 +2420,12 @@ def test_metrics_leave_out_what_a_keras_mask_hides_as_keras_does(form):
     plain step's do (except on JAX, whose plain metrics count it too). In
     its warm-up epoch `SelectiveBackprop` trains every sample, as a plain
     step does, so the logs are the same."""
+    if tuple(int(part) for part in keras.version().split(".")[:2]) < (3, 12):
+        pytest.skip(
+            "Keras 3.11's metrics apply a Keras mask only with a sample "
+            "weight: its plain step counts the padding, which ASSpeed's "
+            "leaves out, as Keras does from 3.12"
+        )
     rng = np.random.default_rng(0)
     x = rng.integers(1, 20, size=(64, 6)).astype("int32")
     for i, length in enumerate(rng.integers(1, 7, size=64)):

@@ -837,7 +837,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         if not metrics.built:
             metrics.build(y, y_pred)
         # One output: sample filters refuse models with more.
-        y, y_pred = metrics._flatten_y(y)[0], metrics._flatten_y(y_pred)[0]
+        y, y_pred = keras.tree.flatten(y)[0], keras.tree.flatten(y_pred)[0]
         if getattr(self, "_metrics_skip_ignored", False):
             valid = ops.cast(
                 valid_rows(y, tuple(covered.shape), ignore_class_of(self.loss)),
