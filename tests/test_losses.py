@@ -769,6 +769,13 @@ def test_a_nan_logit_gives_its_row_nan_eager_and_compiled(loss):
     # gave a masked row's 0.0 there.
     labels = np.array([0, 1, 0], "int32")
     runs = [loss, compiled(loss)] if compiled(loss) else [loss]
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        if tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 21):
+            # XLA's fast min and max, the CPU default before 2.21, clip
+            # NaN to a bound (README; XLA_FLAGS restores NaN there).
+            runs = [loss]
     for run in runs:
         values = to_numpy(run(labels, _NAN_LOGITS))
         assert np.isnan(values[:2]).all() and np.isfinite(values[2]), values

@@ -357,13 +357,8 @@ def to_logits(y_pred, from_logits):
         # softmax(log p) == p, so log-probabilities serve as logits; a
         # probability below `keras.config.epsilon()` counts as it, as in
         # Keras's own cross entropies.
-        epsilon = keras.config.epsilon()
-        y_pred = ops.log(ops.where(y_pred < epsilon, epsilon, y_pred))
-    # Comparisons and `where`, not `clip` and `maximum`, so that NaN stays
-    # NaN: XLA's fast min and max, the default on TensorFlow's CPUs before
-    # 2.21, return the other operand.
-    y_pred = ops.where(y_pred > _LOGIT_LIMIT, _LOGIT_LIMIT, y_pred)
-    return ops.where(y_pred < -_LOGIT_LIMIT, -_LOGIT_LIMIT, y_pred)
+        y_pred = ops.log(ops.maximum(y_pred, keras.config.epsilon()))
+    return ops.clip(y_pred, -_LOGIT_LIMIT, _LOGIT_LIMIT)
 
 
 def _int_labels(y_true, y_pred, ignore_class):
