@@ -59,7 +59,12 @@ def reads_first(reads, buffers):
         return reads, buffers
     import jax
 
-    return jax.lax.optimization_barrier((reads, buffers))
+    # Public from jax 0.4.32; without it the reads stay as they are (a
+    # copy, not another result).
+    barrier = getattr(jax.lax, "optimization_barrier", None)
+    if barrier is None:
+        return reads, buffers
+    return barrier((reads, buffers))
 
 
 def write_rows(current, update):
