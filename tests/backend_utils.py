@@ -8,6 +8,11 @@ from keras import ops
 BACKEND = keras.backend.backend()
 
 
+def release(version):
+    """`(major, minor)` of a version string: "2.21.0" -> (2, 21)."""
+    return tuple(int(part) for part in version.split(".")[:2])
+
+
 def value_and_grad(fn, x):
     """Value of `sum(fn(x))` and its gradient with respect to `x` (NumPy)."""
     if BACKEND == "tensorflow":

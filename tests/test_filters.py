@@ -20,6 +20,7 @@ from keras_as_softmax.training import _queue
 from keras_as_softmax.training import _rows
 from tests.backend_utils import BACKEND
 from tests.backend_utils import MaskedTagger
+from tests.backend_utils import release
 
 # `jit_compile` values, through the fixture below: on TensorFlow also
 # "one_program", XLA with a filtered step in one program.
@@ -2424,7 +2425,7 @@ def test_metrics_leave_out_what_a_keras_mask_hides_as_keras_does(form):
     plain step's do (except on JAX, whose plain metrics count it too). In
     its warm-up epoch `SelectiveBackprop` trains every sample, as a plain
     step does, so the logs are the same."""
-    if tuple(int(part) for part in keras.version().split(".")[:2]) < (3, 12):
+    if release(keras.version()) < (3, 12):
         pytest.skip(
             "Keras 3.11's metrics apply a Keras mask only with a sample "
             "weight: its plain step counts the padding, which ASSpeed's "
