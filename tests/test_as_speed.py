@@ -2,6 +2,7 @@
 
 import os
 import threading
+import warnings
 
 import keras
 import numpy as np
@@ -938,6 +939,54 @@ def test_keras_hub_task_fed_raw_strings():
     )
     assert np.all(np.isfinite(history.history["loss"]))
     assert history.history["trained_fraction"][0] > 0
+
+
+@pytest.mark.parametrize("shuffle", [True, "batch", False])
+def test_a_keras_hub_task_on_raw_strings_shuffles_as_fit_says(shuffle):
+    """Arrays of raw strings are shuffled as Keras shuffles arrays, where
+    keras-hub's own `fit` keeps their order and warns that `shuffle` is
+    ignored: a loss run eagerly shows each step's labels."""
+    labels_seen, steps = [], []
+
+    class Recording(kas.ASSoftmaxLoss):
+        def call(self, y_true, y_pred):
+            try:
+                labels_seen.append(ops.convert_to_numpy(y_true).astype(int))
+            except Exception:  # a symbolic call (Keras traces it on JAX)
+                pass
+            return super().call(y_true, y_pred)
+
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda *_, **__: steps.append(tuple(labels_seen[-1]))
+    )
+    keras.utils.set_random_seed(0)
+    task = tiny_text_classifier(pytest.importorskip("keras_hub"))
+    wrapped = kas.ASSpeed(task)
+    wrapped.compile(optimizer="sgd", loss=Recording(0.3), run_eagerly=True)
+    texts = np.array(["the cat", "the dog"] * 16)
+    labels = np.repeat([0, 1], 16)  # sorted: eight batches of one label
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*shuffle")
+        wrapped.fit(
+            texts,
+            labels,
+            batch_size=4,
+            epochs=2,
+            shuffle=shuffle,
+            callbacks=[record],
+            verbose=0,
+        )
+    ordered = [(0,) * 4] * 4 + [(1,) * 4] * 4
+    first, second = steps[:8], steps[8:]
+    for epoch in first, second:  # every sample once an epoch
+        assert sorted(sum(epoch, ())) == sorted(labels.tolist())
+    if shuffle is False:
+        assert first == second == ordered
+    elif shuffle == "batch":
+        assert sorted(first) == sorted(second) == ordered
+        assert first != second
+    else:
+        assert sorted(first) != ordered and first != second
 
 
 def test_a_keras_hub_task_validates_on_raw_strings():

@@ -144,7 +144,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
     Args:
         model: the `keras.Model` to train (functional, sequential,
             subclassed, or a keras-hub task whose preprocessor runs in
-            `fit`, `evaluate` and `predict`).
+            `fit`, `evaluate` and `predict`; `fit` shuffles its arrays of
+            raw strings as `shuffle` says, where keras-hub's `fit` keeps
+            their order).
         lam: the paper's lambda (> 0): the steps follow
             `lam * N_all / (N_all - N_masked)`. Defaults to `0.5`.
         max_steps: the cap `s` on accumulated micro-batches (int >= 1).
@@ -854,7 +856,13 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
 
     # ------------------------------------------------------ data and fit
 
-    def _with_preprocessor(self, x, y, sample_weight, batch_size):
+    def _with_preprocessor(
+        self, x, y, sample_weight, batch_size, shuffle=False
+    ):
+        """The data as a dataset of preprocessed batches, where the wrapped
+        task has a preprocessor. Arrays are batched here and shuffled as
+        `shuffle` says (`fit`'s: `True` the samples at each epoch, `"batch"`
+        the batches), where keras-hub's own `fit` keeps their order."""
         preprocessor = self.preprocessor
         if preprocessor is None or x is None:
             return x, y, sample_weight
@@ -862,7 +870,12 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
 
         if not isinstance(x, tf.data.Dataset):
             data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
-            x = tf.data.Dataset.from_tensor_slices(data).batch(batch_size or 32)
+            x = tf.data.Dataset.from_tensor_slices(data)
+            if shuffle is True:
+                x = x.shuffle(x.cardinality(), reshuffle_each_iteration=True)
+            x = x.batch(batch_size or 32)
+            if shuffle == "batch":
+                x = x.shuffle(x.cardinality(), reshuffle_each_iteration=True)
 
         # The id helpers hold no tensor control flow, so AutoGraph leaves
         # them as they are (its cache of converted functions has called a
@@ -934,10 +947,13 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
                 validation_split,
             )
             callbacks = [*(callbacks or []), _EpochSchedule(epochs)]
-        x, y, sample_weight = self._with_preprocessor(
-            x, y, sample_weight, batch_size
-        )
         if self.preprocessor is not None:
+            arrays = _data.kind(x) == "arrays"
+            x, y, sample_weight = self._with_preprocessor(
+                x, y, sample_weight, batch_size, shuffle
+            )
+            if arrays:  # shuffled as batched: not for Keras to ignore
+                shuffle = False
             batch_size = None
         return super().fit(
             x=x,
