@@ -963,8 +963,8 @@ def test_a_keras_hub_task_on_raw_strings_shuffles_as_fit_says(shuffle):
     task = tiny_text_classifier(pytest.importorskip("keras_hub"))
     wrapped = kas.ASSpeed(task)
     wrapped.compile(optimizer="sgd", loss=Recording(0.3), run_eagerly=True)
-    texts = np.array(["the cat", "the dog"] * 16)
-    labels = np.repeat([0, 1], 16)  # sorted: eight batches of one label
+    texts = np.array(["the cat", "the dog"] * 32)
+    labels = np.repeat([0, 1], 32)  # sorted: 16 batches of one label
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*shuffle")
         wrapped.fit(
@@ -976,8 +976,8 @@ def test_a_keras_hub_task_on_raw_strings_shuffles_as_fit_says(shuffle):
             callbacks=[record],
             verbose=0,
         )
-    ordered = [(0,) * 4] * 4 + [(1,) * 4] * 4
-    first, second = steps[:8], steps[8:]
+    ordered = [(0,) * 4] * 8 + [(1,) * 4] * 8
+    first, second = steps[:16], steps[16:]
     for epoch in first, second:  # every sample once an epoch
         assert sorted(sum(epoch, ())) == sorted(labels.tolist())
     if shuffle is False:
