@@ -857,6 +857,9 @@ def test_filters_train_on_any_input_keras_takes_as_on_its_arrays():
         assert logs["trained_fraction"] == pytest.approx(
             expected_logs["trained_fraction"]
         ), name
+    # The generator stays open, as Keras leaves it: a later `fit` draws on.
+    logs = fit(inputs["generator"][0], steps_per_epoch=8)[1]
+    assert len(logs["trained_fraction"]) == 2
 
     last_seen = kas.ASSpeed(
         small_model(), sample_filter=filters.SkipMaskedLastSeen(64)

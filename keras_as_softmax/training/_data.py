@@ -29,7 +29,10 @@ def kind(x):
 
 def _put_back(first, rest):
     yield first
-    yield from rest
+    # A loop, not `yield from`, which would close `rest` as Keras closes
+    # this generator: the user's generator stays open for a later `fit`.
+    for element in rest:  # noqa: UP028
+        yield element
 
 
 def first_batch(
