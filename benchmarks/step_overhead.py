@@ -6,7 +6,10 @@ A tiny MLP (16-32-5), batch 32, 4096 samples of five Gaussian blobs,
 `--warmup` epochs each, the variants train one epoch in turn, `--rounds`
 times, in one process; each epoch's time over its steps is one sample, and
 the table prints each variant's median per-step time and its ratio to the
-plain Keras step measured beside it. Compilation happens in the warm-up.
+plain Keras step measured beside it, and `host ms`: the calling thread's
+CPU milliseconds a step (Keras's loop, the dispatch and, on a CPU, what of
+the step runs in that thread). Where the wall time a step exceeds it by
+far, the step waits for other threads. Compilation happens in the warm-up.
 
 The variants:
 
@@ -184,7 +187,7 @@ def main(argv=None):
         pair = split_variant(variant)[0] == "pair"
         inputs = kas.filters.with_sample_ids(x) if pair else x
         fits[variant] = epoch_fit(model, inputs, y, args.batch_size)
-    seconds, logs, _ = time_epochs(fits, args.warmup, args.rounds)
+    seconds, logs, host = time_epochs(fits, args.warmup, args.rounds)
     print(
         f"keras={keras.__version__} backend={keras.backend.backend()} "
         f"samples={args.samples} "
@@ -193,7 +196,7 @@ def main(argv=None):
         f"row_shape={','.join(map(str, args.row_shape))} "
         f"jit_compile={args.jit_compile}"
     )
-    print_table(seconds, logs, steps, reference=next(iter(fits)))
+    print_table(seconds, logs, steps, reference=next(iter(fits)), host=host)
 
 
 if __name__ == "__main__":
