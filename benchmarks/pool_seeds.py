@@ -21,8 +21,12 @@ python ../pool_seeds.py as_speed_as_softmax_torch.txt \
 python ../pool_seeds.py FILE... --baseline softmax --methods as_softmax
 ```
 
-Only accuracies are pooled: a speed-up is a ratio of times measured side
-by side in one run, which each output reports itself.
+Times are not pooled: a speed-up is a ratio of times measured side by
+side in one run. Per seed, the script divides the baseline's seconds per
+epoch by the method's, both read from the one output holding that seed's
+pair, then the same for whole runs (the epochs' seconds and compilation's
+together, as `as_speed.py`'s `+compile ratio`), and prints the mean of
+those ratios with the seeds' own.
 """
 
 import argparse
@@ -38,6 +42,10 @@ LINE = re.compile(
     r"^seed (?P<seed>\d+) (?P<method>\S+)\s+val\s+(?P<val>[\d.]+) "
     r"test\s+(?P<test>[\d.]+)"
 )
+SECONDS = re.compile(
+    r"\s(?P<epoch>[\d.]+)s/epoch(?: compile\s+(?P<compile>[\d.]+)s)?"
+    r"(?:.*? s/epoch \[(?P<epochs>[\d., ]+)\])?"
+)
 # Two-sided 95% quantiles of Student's t, by degrees of freedom.
 T_975 = {
     1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365,
@@ -48,12 +56,14 @@ T_975 = {
 
 
 def read_runs(paths, tags, baseline):
-    """Returns {method: {seed: (val, test)}} from `as_speed.py` outputs.
+    """Returns `({method: {seed: (val, test)}}, seconds)` from `as_speed.py`
+    outputs; `seconds[(path, method, seed)]` is `(seconds per epoch, whole
+    run's seconds or None)`.
 
     `tags` maps an output's path to a name appended to its methods (the
     baseline's excepted), for a setting that the names do not show.
     """
-    runs, origin = {}, {}
+    runs, origin, seconds = {}, {}, {}
     for path in paths:
         with open(path, encoding="utf-8") as file:
             for line in file:
@@ -74,9 +84,50 @@ def read_runs(paths, tags, baseline):
                     )
                 runs[key[0]][key[1]] = value
                 origin.setdefault(key, path)
+                timed = run_seconds(line, match.end())
+                if timed:
+                    seconds[(path, *key)] = timed
     if not runs:
         sys.exit(f"no `seed N method val X test Y` lines in {', '.join(paths)}")
-    return runs
+    return runs, seconds
+
+
+def run_seconds(line, start):
+    """`(seconds per epoch, whole run's seconds or None)` of an output's
+    line, read from `start`; None if it shows no times."""
+    timed = SECONDS.search(line, start)
+    if not timed:
+        return None
+    if not (timed["compile"] and timed["epochs"]):
+        return float(timed["epoch"]), None
+    epochs = map(float, timed["epochs"].split(","))
+    return float(timed["epoch"]), sum(epochs) + float(timed["compile"])
+
+
+def speedups(seconds, method, baseline):
+    """Per seed, the baseline's seconds over the method's from the output
+    that holds both: `{seed: (per epoch, whole run or None)}`."""
+    ratios = {}
+    for (path, name, seed), (epoch, whole) in seconds.items():
+        base = seconds.get((path, baseline, seed))
+        if name != method or base is None:
+            continue
+        both = whole is not None and base[1] is not None
+        ratios[seed] = (base[0] / epoch, base[1] / whole if both else None)
+    return ratios
+
+
+def speedup_cells(ratios):
+    """`1.86x (1.85/1.82/1.90)`-style cells, per epoch and whole run."""
+    cells = []
+    for i in range(2):
+        values = [ratios[s][i] for s in sorted(ratios)]
+        if not values or None in values:
+            cells.append("-")
+            continue
+        each = "/".join(f"{v:.2f}" for v in values)
+        cells.append(f"{statistics.mean(values):.2f}x ({each})")
+    return cells
 
 
 def mean_std(values):
@@ -123,7 +174,7 @@ def main(argv=None):
         sys.exit(
             f"--tag names {', '.join(sorted(unknown))}, not an output given"
         )
-    runs = read_runs(args.outputs, tags, args.baseline)
+    runs, seconds = read_runs(args.outputs, tags, args.baseline)
     if args.baseline not in runs:
         sys.exit(f"no {args.baseline!r} runs; found {', '.join(sorted(runs))}")
     methods = args.methods.split(",") if args.methods else sorted(runs)
@@ -138,6 +189,7 @@ def main(argv=None):
             "method", "seeds", "test", "validation", "paired seeds",
             f"test - {args.baseline} [95%]", "lower/higher",
             f"validation - {args.baseline} [95%]", "lower/higher",
+            "speed-up (seeds)", "with compilation",
         ]
     ]  # fmt: skip
     for method in [args.baseline] + [m for m in methods if m != args.baseline]:
@@ -154,6 +206,7 @@ def main(argv=None):
             row.extend(
                 paired([runs[method][s][0] - base[s][0] for s in shared])
             )
+            row.extend(speedup_cells(speedups(seconds, method, args.baseline)))
         table.append(row)
     widths = [
         max(len(row[i]) for row in table if i < len(row))
@@ -166,7 +219,10 @@ def main(argv=None):
     print(
         f"\nmean ± std over seeds; differences per seed against "
         f"{args.baseline} (same seed, same data order), their mean with a 95% "
-        "t-interval; lower/higher: seeds below / above it."
+        "t-interval; lower/higher: seeds below / above it; speed-up: "
+        f"{args.baseline}'s seconds per epoch over the method's, per seed "
+        "from the output holding both, their mean and the seeds' own; with "
+        "compilation: the same of whole runs."
     )
 
 

@@ -483,6 +483,47 @@ def test_pool_seeds_pairs_seeds_across_outputs_and_refuses_conflicts(tmp_path):
     )
 
 
+def test_pool_seeds_divides_times_within_the_output_holding_a_seeds_pair(
+    tmp_path,
+):
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("plain Python: one backend is enough")
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    tail = "updates 4/4 batches/epoch [2, 2] s/epoch"
+    first.write_text(
+        f"seed 0 softmax  val 70.00 test 72.00  60.0s/epoch compile   10s "
+        f"{tail} [50.0, 70.0] [140s]\n"
+        f"seed 0 as_skip  val 69.00 test 71.00  30.0s/epoch compile   20s "
+        f"{tail} [40.0, 20.0] [90s]\n"
+    )
+    # Seed 1's softmax ran slower beside another job: its ratio is taken
+    # against that run, not seed 0's.
+    second.write_text(
+        f"seed 1 softmax  val 74.00 test 76.00  90.0s/epoch compile   10s "
+        f"{tail} [90.0, 90.0] [200s]\n"
+        f"seed 1 as_skip  val 75.00 test 74.00  45.0s/epoch compile   10s "
+        f"{tail} [45.0, 45.0] [110s]\n"
+    )
+    result = pool_seeds(first, second)
+    assert result.returncode == 0, result.stderr
+    row = next(
+        line for line in result.stdout.splitlines() if line.startswith("as_")
+    )
+    # Per epoch 60/30 and 90/45; whole runs (120+10)/(60+20) = 1.625 and
+    # (180+10)/(90+10) = 1.90, their mean 1.7625.
+    assert row.split("  ")[-2:] == ["2.00x (2.00/2.00)", "1.76x (1.62/1.90)"]
+    # Lines without compile times leave the whole-run cell empty.
+    second.write_text(
+        "seed 1 softmax  val 74.00 test 76.00  90.0s/epoch\n"
+        "seed 1 as_skip  val 75.00 test 74.00  45.0s/epoch\n"
+    )
+    result = pool_seeds(first, second)
+    row = next(
+        line for line in result.stdout.splitlines() if line.startswith("as_")
+    )
+    assert row.split()[-3:] == ["2.00x", "(2.00/2.00)", "-"]
+
+
 # XLA's thunk sequences as its GPU compiler dumps them (abridged): a
 # conditional held in a CUDA graph, and one between graphs.
 IN_GRAPH = """\
