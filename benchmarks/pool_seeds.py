@@ -1,4 +1,5 @@
-"""Pools the per-seed accuracies of several `as_speed.py` outputs.
+"""Pools the per-seed accuracies and speed-ups of several `as_speed.py`
+outputs.
 
 `as_speed.py` prints one line per seed and method (`seed 3 softmax val
 74.67 test 76.67 ...`). Runs of different seeds, made one after the other
