@@ -68,7 +68,9 @@ import time
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Measure the checkout this script lives in, not whichever copy is installed.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 
 def parse_args(argv=None):
@@ -82,7 +84,38 @@ def parse_args(argv=None):
         "--train-size", type=int, default=None, help="default 2048"
     )
     parser.add_argument(
-        "--eval-size", type=int, default=None, help="default 300"
+        "--validation-size",
+        type=int,
+        default=None,
+        help="validation sentences, evaluated `--evals-per-epoch` times an "
+        "epoch (default 1000)",
+    )
+    parser.add_argument(
+        "--test-size",
+        type=int,
+        default=None,
+        help="test sentences, scored after training (default: all, 2006 "
+        "for the multi-class task)",
+    )
+    parser.add_argument("--evals-per-epoch", type=int, default=2)
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=0.99,
+        help="time to target: the fraction of softmax's best validation "
+        "metric (same seed) to reach (default 0.99)",
+    )
+    parser.add_argument(
+        "--records",
+        default=None,
+        help="the JSON file the time-to-target records merge into "
+        "(default results/time_to_target.json; none with --quick)",
+    )
+    parser.add_argument(
+        "--log",
+        default=None,
+        help="also write the printed output to this file (named in the "
+        "records)",
     )
     parser.add_argument("--sequence-length", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -109,7 +142,11 @@ def parse_args(argv=None):
         help="AS methods train with delta = 1 for this fraction of the steps "
         "(keras_as_softmax.DeltaWarmup; the paper's r)",
     )
-    parser.add_argument("--preset", default="offline-minilm")
+    parser.add_argument(
+        "--preset",
+        default=None,
+        help="the backbone (default offline-minilm; --quick: tiny-random)",
+    )
     parser.add_argument(
         "--methods", default="softmax,as_skip_hybrid,softmax_infobatch"
     )
@@ -125,14 +162,18 @@ def parse_args(argv=None):
         seeds="0" if quick else "0,1,2",
         epochs=2 if quick else 8,
         train_size=64 if quick else 2048,
-        eval_size=32 if quick else 300,
+        validation_size=32 if quick else 1000,
     )
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.preset is None:
+        args.preset = "tiny-random" if quick else "offline-minilm"
     if quick:
         args.batch_size = min(args.batch_size, 16)
         args.sequence_length = min(args.sequence_length, 24)
+    if args.records is None and not quick:
+        args.records = os.path.join(RESULTS, "time_to_target.json")
     args.seeds = [int(s) for s in str(args.seeds).split(",")]
     return args
 
@@ -210,8 +251,60 @@ def per_epoch_table(results, baseline="softmax"):
     return "\n".join(lines)
 
 
+class _Tee:
+    """Writes to stdout and to a log file."""
+
+    def __init__(self, path):
+        self.file = open(path, "a")
+        self.stdout = sys.stdout
+
+    def write(self, text):
+        self.stdout.write(text)
+        self.file.write(text)
+
+    def flush(self):
+        self.stdout.flush()
+        self.file.flush()
+
+
+def backend_name():
+    """The backend and its framework's version, e.g. `"jax 0.12.1"`."""
+    import importlib
+
+    import keras
+
+    backend = keras.backend.backend()
+    module = importlib.import_module(
+        {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}[backend]
+    )
+    return f"{backend} {module.__version__.split('+')[0]}"
+
+
+def time_to_target_records(results, args, command):
+    """The runs' time-to-target records, merged into `args.records`."""
+    import as_softmax_lab as lab
+
+    records = lab.time_to_target.records(
+        results,
+        args.target,
+        backend=backend_name(),
+        task=args.task,
+        command=command,
+        output=os.path.relpath(args.log, ROOT) if args.log else "",
+    )
+    if args.records:
+        lab.time_to_target.merge(args.records, records)
+    return records
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.log:
+        sys.stdout = _Tee(args.log)
+    command = " ".join(
+        [f"KERAS_BACKEND={os.environ['KERAS_BACKEND']}", "python"]
+        + ["benchmarks/as_speed.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     start = time.perf_counter()
     import keras
 
@@ -230,8 +323,8 @@ def main(argv=None):
         "wordnet",
         max_examples={
             "train": args.train_size,
-            "validation": args.eval_size,
-            "test": args.eval_size,
+            "validation": args.validation_size,
+            "test": args.test_size or (32 if args.quick else None),
         },
     )
     prepared = lab.prepare_data(data, backbone.tokenizer, args.sequence_length)
@@ -265,7 +358,7 @@ def main(argv=None):
                 delta=args.delta,
                 warmup_ratio=args.warmup_ratio,
                 filter_options=filter_options,
-                evals_per_epoch=2,
+                evals_per_epoch=args.evals_per_epoch,
                 verbose=0,
                 **settings,
             )
@@ -295,6 +388,8 @@ def main(argv=None):
                 f"[{time.perf_counter() - t:.0f}s]",
                 flush=True,
             )
+        # Each seed's records as it ends: a long run stopped early keeps them.
+        time_to_target_records(results, args, command)
     print()
     print(lab.compare(results))
     print(
@@ -306,6 +401,26 @@ def main(argv=None):
     )
     print()
     print(per_epoch_table(results))
+    records = time_to_target_records(results, args, command)
+    print(
+        f"\ntime to target: training seconds with compilation, evaluation "
+        f"excluded, until the validation {results[0].metric_name} first "
+        f"reaches {args.target:g} of softmax's best on the same seed "
+        "(speed-up: softmax's seconds over the method's; 0x: not reached)"
+    )
+    for r in records:
+        seconds = f"{r['seconds']:.0f}s" if r["reached"] else "not reached"
+        print(
+            f"seed {r['seed']} {r['method']:40s} target "
+            f"{100 * r['target']:.2f} {seconds:>12s} "
+            f"softmax {r['softmax_seconds']:.0f}s speed-up "
+            f"{r['speedup']:.2f}x test {100 * r['test_metric']:.2f} "
+            f"(softmax {100 * r['softmax_test_metric']:.2f})"
+        )
+    print()
+    print(lab.time_to_target.table(records))
+    if args.records:
+        print(f"records merged into {args.records}")
     print(f"total wall time {time.perf_counter() - start:.0f}s")
     return 0
 

@@ -1,8 +1,10 @@
 """Fast offline tests of the experiment harness (as_softmax_lab), tiny BERT."""
 
+import json
 import os
 import subprocess
 import sys
+import types
 
 import keras
 import numpy as np
@@ -374,6 +376,64 @@ def test_compare_time_to_reach():
     assert "0.80" in row  # time ratio 16 / 20 and epoch ratio 8 / 10
     # With compilation (1 s each): (3 * 8 + 1) / (3 * 10 + 1).
     assert f"{25 / 31:.2f}" in row
+
+
+def test_time_to_target_on_a_synthetic_history(tmp_path):
+    from as_softmax_lab import time_to_target as ttt
+
+    def fake(method, seed, seconds, metrics, test):
+        evals = [
+            {"seconds": t, "time": t - 1.0, "val_metric": m}
+            for t, m in zip(seconds, metrics, strict=True)
+        ]
+        return types.SimpleNamespace(
+            method=method, seed=seed, evals=evals, test_metric=test
+        )
+
+    runs = [
+        # Softmax peaks at 0.80: the target is 0.792, reached at 30 s.
+        fake("softmax", 0, [10, 20, 30, 40], [0.5, 0.7, 0.795, 0.80], 0.78),
+        fake("fast", 0, [5, 10, 15, 20], [0.6, 0.792, 0.70, 0.81], 0.79),
+        fake("never", 0, [5, 10, 15, 20], [0.6, 0.79, 0.791, 0.7], 0.77),
+        fake("softmax", 1, [10, 20], [0.5, 0.6], 0.60),
+        fake("fast", 1, [8, 16], [0.55, 0.7], 0.62),
+        fake("never", 1, [8, 16], [0.5, 0.5], 0.50),
+        fake("fast", 2, [8, 16], [0.9, 0.9], 0.9),  # no softmax: left out
+    ]
+    assert ttt.time_to_target(runs[1].evals, 0.792) == 10.0
+    assert ttt.time_to_target(runs[2].evals, 0.792) is None
+    records = ttt.records(runs, backend="b", task="t", output="o.txt")
+    by = {(r["method"], r["seed"]): r for r in records}
+    assert len(records) == 6
+    np.testing.assert_allclose(by["fast", 0]["target"], 0.792)
+    assert by["softmax", 0]["seconds"] == 30.0 and by["fast", 0]["seconds"]
+    assert by["fast", 0]["speedup"] == 3.0  # 30 s over 10 s
+    assert not by["never", 0]["reached"] and by["never", 0]["speedup"] == 0
+    assert by["never", 0]["seconds"] is None
+    # Seed 1: softmax's best is 0.6, so 0.594, reached at 20 s.
+    assert by["fast", 1]["speedup"] == 20 / 16
+    summary = ttt.summarise([by["never", 0], by["never", 1]])
+    assert summary["reached"] == 0 and summary["median_speedup"] == 0.0
+    summary = ttt.summarise([by["fast", 0], by["fast", 1]])
+    assert summary["reached"] == 2 and summary["median_speedup"] == 2.125
+    np.testing.assert_allclose(summary["test_diff"], 1.5)  # +1 and +2
+    table = ttt.table(records)
+    assert "| b | t | `never` | 0/2 | 0.00x |" in table
+    assert "| b | t | `fast` | 2/2 | 2.12x | +1.50 ± 6.35 | o.txt |" in table
+    assert "`softmax`" not in table
+    # A later run of the same key replaces the record; others stay.
+    path = tmp_path / "records.json"
+    ttt.merge(path, records)
+    again = dict(by["fast", 0], seconds=1.0)
+    merged = ttt.merge(path, [again, dict(again, backend="c")])
+    assert len(merged) == 7
+    assert json.loads(path.read_text()) == merged
+    assert [r["seconds"] for r in merged if r["method"] == "fast"][:2] == [
+        1.0,
+        16,
+    ]
+    with pytest.raises(ValueError, match="target fraction"):
+        ttt.target_of(runs[0].evals, 1.5)
 
 
 # ------------------------------------------------------------------ demo

@@ -274,6 +274,39 @@ def test_easy_rows_have_exactly_zero_loss_and_gradient(dtype):
     assert np.any(grad[2] != 0.0)
 
 
+@pytest.mark.parametrize("num_classes", [7, 300])  # both row layouts
+def test_classes_all_is_softmax_cross_entropy_on_the_rows_not_masked(
+    num_classes,
+):
+    labels, logits = random_case((3, 8), num_classes, scale=4.0, seed=3)
+    logits = logits.astype("float64")
+    logits[0, :, :] = 0.0
+    logits[0, np.arange(8), labels[0]] = 30.0  # these rows are masked
+    sparse = kas.as_softmax_cross_entropy(labels, logits, delta=0.3)
+    masked = to_numpy(sparse) == 0.0
+    assert masked[0].all() and not masked[1:].all()
+    values, grad = value_and_grad(
+        lambda x: kas.as_softmax_cross_entropy(
+            labels, x, delta=0.3, classes="all"
+        ),
+        logits,
+    )
+    assert np.all(values[masked] == 0.0) and np.all(grad[masked] == 0.0)
+    # Elsewhere softmax cross entropy and its gradient, every class kept.
+    expected = reference.as_softmax(labels, logits, 1.0)
+    np.testing.assert_allclose(values[~masked], expected[~masked], rtol=1e-9)
+    expected_grad = reference.as_softmax_grad(
+        labels.reshape(-1), logits.reshape(-1, num_classes), 1.0
+    ).reshape(logits.shape)
+    np.testing.assert_allclose(
+        grad[~masked], expected_grad[~masked], rtol=1e-9, atol=1e-12
+    )
+    loss = kas.ASSoftmaxLoss(0.3, classes="all")
+    assert kas.ASSoftmaxLoss.from_config(loss.get_config()).classes == "all"
+    with pytest.raises(ValueError, match="Expected `classes` 'kept' or 'all'"):
+        kas.ASSoftmaxLoss(0.3, classes="every")
+
+
 def test_multilabel_masked_row_is_exactly_zero():
     y = np.array([[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     logits = np.array(

@@ -56,6 +56,7 @@ def as_softmax_cross_entropy(
     from_logits=True,
     label_mode="int",
     ignore_class=None,
+    classes="kept",
 ):
     """Per-sample AS-Softmax cross entropy.
 
@@ -85,6 +86,11 @@ def as_softmax_cross_entropy(
         ignore_class: optional int label whose positions get loss 0 and a
             Keras mask that leaves them out of a loss's mean. Defaults to
             `None`.
+        classes: `"kept"` (AS-Softmax) takes the cross entropy over the
+            classes within the margin; `"all"` takes softmax cross entropy
+            over every class in the rows not masked: the same masked rows
+            (loss and gradient exactly 0), softmax's gradient elsewhere.
+            Defaults to `"kept"`.
 
     Returns:
         Loss values of shape `[...]`, float32 (float64 for float64 inputs).
@@ -108,6 +114,10 @@ def as_softmax_cross_entropy(
         Softmax Variant" (eq. 5-7).
     """
     checked = _common.check_delta(delta)
+    if classes not in ("kept", "all"):
+        raise ValueError(
+            f"Expected `classes` 'kept' or 'all'. Received: classes={classes!r}"
+        )
     y_pred = ops.convert_to_tensor(y_pred)
     logits, labels, is_target, valid = _common.prepare_multiclass(
         y_true, y_pred, from_logits, label_mode, ignore_class
@@ -134,9 +144,10 @@ def as_softmax_cross_entropy(
         # entry would make XLA write `exps` out.
         # `log(kept) + (top - target)`: with `top + log(kept)` first, a
         # large common offset of the logits would round the log away.
-        values = ops.where(
-            kept == target_exp, 0.0, ops.log(kept) + (top - target)
-        )
+        masked = kept == target_exp
+        if classes == "all":
+            kept_exps, kept = exps, total
+        values = ops.where(masked, 0.0, ops.log(kept) + (top - target))
         # A NaN logit makes the row NaN, as in softmax cross entropy: the
         # comparisons alone would drop it, and TensorFlow's XLA `max`
         # skips NaN; `total` carries it.
@@ -146,6 +157,8 @@ def as_softmax_cross_entropy(
             if upstream is None:  # TensorFlow and JAX pass it positionally.
                 (upstream,) = args
             softmax_kept = kept_exps / kept
+            if classes == "all":
+                upstream = ops.where(ops.squeeze(masked, -1), 0.0, upstream)
             return ops.expand_dims(upstream, -1) * (
                 softmax_kept - ops.cast(is_target, softmax_kept.dtype)
             )
@@ -203,6 +216,12 @@ class ASSoftmaxLoss(PerRowLoss):
         ignore_class: optional int label (e.g. `-100` or `-1`) whose
             positions get loss 0, are left out of the mean, and are never
             counted as masked rows. Defaults to `None`.
+        classes: `"kept"` (AS-Softmax) takes the cross entropy over the
+            classes within the margin. `"all"` takes softmax cross entropy
+            over every class in the rows that are not masked: the same
+            rows are masked (loss and gradient exactly 0, so the filters
+            skip them alike), and the others train as with
+            `SparseCategoricalCrossentropy`. Defaults to `"kept"`.
         reduction: as in `keras.losses.Loss`. Defaults to
             `"sum_over_batch_size"`; `None` returns per-row values (0 at
             ignored positions). Sample weights of shape `[batch]` weight
@@ -242,10 +261,16 @@ class ASSoftmaxLoss(PerRowLoss):
         from_logits=True,
         label_mode="int",
         ignore_class=None,
+        classes="kept",
         reduction="sum_over_batch_size",
         name="as_softmax_loss",
         dtype=None,
     ):
+        if classes not in ("kept", "all"):
+            raise ValueError(
+                "Expected `classes` 'kept' or 'all'. "
+                f"Received: classes={classes!r}"
+            )
         super().__init__(
             as_softmax_cross_entropy,
             reduction=reduction,
@@ -253,5 +278,6 @@ class ASSoftmaxLoss(PerRowLoss):
             dtype=dtype,
             delta=_common.delta_variable(delta),
             from_logits=_validation.check_bool(from_logits, "from_logits"),
+            classes=classes,
             **label_kwargs(label_mode, ignore_class),
         )

@@ -12,8 +12,9 @@ default the offline all-MiniLM-L6-v2) on one of three task types:
 
 One module per job: `methods` (what each method trains with), `datasets`
 and `data` (loading, tokenizing), `backbones` and `models` (the BERT
-classifier), `runner` (one measured run), `task_metrics`, `report` (tables)
-and `plots` (figures). The names below are their public parts.
+classifier), `runner` (one measured run), `task_metrics`, `report` (tables),
+`time_to_target` (time to a quality target) and `plots` (figures). The
+names below are their public parts.
 
 Example:
 
@@ -34,6 +35,7 @@ lab.plot_masked_ratio(results, "masked_ratio.png")
 
 from as_softmax_lab import backbones
 from as_softmax_lab import datasets
+from as_softmax_lab import time_to_target
 from as_softmax_lab.data import PreparedData
 from as_softmax_lab.data import make_dataset
 from as_softmax_lab.data import prepare_data

@@ -58,6 +58,8 @@ class Method:
         baseline: for the methods of `BASELINE_METHODS`, the baseline loss
             (a `BASELINE_LOSSES` key); `None` for softmax and the AS
             methods.
+        classes: the AS loss's `classes`: `"kept"` (AS-Softmax) or
+            `"all"` (softmax cross entropy on the rows not masked).
     """
 
     name: str
@@ -69,6 +71,7 @@ class Method:
     infobatch: bool = False
     selective_backprop: bool = False
     baseline: str | None = None
+    classes: str = "kept"
 
     @property
     def sample_ids(self):
@@ -104,6 +107,15 @@ METHODS = {
         "(plus a revisited fraction)",
         skip_masked=True,
         skip_stale=True,
+    ),
+    "softmax_skip": Method(
+        "softmax_skip",
+        True,
+        True,
+        "softmax cross entropy on the samples AS-Softmax has not masked, "
+        "training passes only on those (AS-Speed + SkipMasked)",
+        skip_masked=True,
+        classes="all",
     ),
     "softmax_infobatch": Method(
         "softmax_infobatch",
@@ -224,7 +236,7 @@ def make_loss(method, task, delta=None, **hyper_parameters):
         A `keras.losses.Loss`: for softmax,
         `SparseCategoricalCrossentropy(from_logits=True)` (with
         `ignore_class=-1` for tokens) or `MultiLabelCategoricalCrossentropy`;
-        for the AS methods, `ASSoftmaxLoss(delta)` or
+        for the AS methods, `ASSoftmaxLoss(delta, classes=...)` or
         `MultiLabelASSoftmaxLoss(delta)`; for a baseline, its loss (label
         smoothing is Keras's, on one-hot labels; `"bce"` is
         `BinaryCrossentropy(from_logits=True)`).
@@ -247,13 +259,18 @@ def make_loss(method, task, delta=None, **hyper_parameters):
     delta = DEFAULT_DELTA[task] if delta is None else delta
     ignore = IGNORE_CLASS if task == "tokens" else None
     if task == "multilabel":
+        if method.classes != "kept":
+            raise ValueError(
+                f"Method {method.name!r} applies to the multi-class and "
+                f"token tasks. Received: task={task!r}"
+            )
         return (
             MultiLabelASSoftmaxLoss(delta)
             if method.as_loss
             else MultiLabelCategoricalCrossentropy()
         )
     if method.as_loss:
-        return ASSoftmaxLoss(delta, ignore_class=ignore)
+        return ASSoftmaxLoss(delta, ignore_class=ignore, classes=method.classes)
     return keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, ignore_class=ignore
     )

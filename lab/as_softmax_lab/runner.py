@@ -162,6 +162,7 @@ class _Recorder(keras.callbacks.Callback):
             "step": self.step,
             "epoch": epoch,
             "time": self.train_time,
+            "seconds": self.train_time + self.compile_time,
             "val_loss": loss,
             "val_metric": metric,
         }
@@ -197,7 +198,9 @@ class RunResult:
             `ASSoftmaxLoss(delta)` would mask).
         accum_steps: per batch, `ASSpeed.accumulation_steps` (AS-Speed only).
         evals: list of dicts `step`, `epoch`, `time` (cumulative training
-            seconds), `val_loss` (the method's own loss), `val_metric`.
+            seconds, compilation excluded), `seconds` (the same with
+            compilation: the clock of time to target), `val_loss` (the
+            method's own loss), `val_metric`.
         val_metric, val_loss: at the end of training.
         test_metric, test_loss: at the end of training.
         test_margins: `probability_margins` on the test set.
