@@ -178,32 +178,6 @@ def parse_args(argv=None):
     return args
 
 
-RUN_SETTINGS = ("lam", "max_steps", "revisit", "learning_rate")
-
-
-def parse_method(spec):
-    """`"name/key=value/..."` -> `(name, run settings, filter options)`."""
-    name, *settings = spec.split("/")
-    run_settings, filter_options = {}, {}
-    for setting in settings:
-        key, sep, value = setting.partition("=")
-        if not sep:
-            raise ValueError(
-                f"Expected `key=value` after the method name. Received: "
-                f"{setting!r} in {spec!r}"
-            )
-        argument = key.rpartition(".")[2]
-        if argument in ("max_steps", "warmup_epochs", "max_skipped_epochs"):
-            value = int(value)
-        elif argument == "score_training":
-            value = {"true": True, "false": False}[value.lower()]
-        else:
-            value = float(value)
-        target = run_settings if key in RUN_SETTINGS else filter_options
-        target[key] = value
-    return name, run_settings, filter_options
-
-
 def per_epoch(name, values):
     """`"name/epoch [..] "` to two places, or `""` without values."""
     if not values:
@@ -340,7 +314,7 @@ def main(argv=None):
     for seed in args.seeds:
         for method in args.methods.split(","):
             t = time.perf_counter()
-            name, run_settings, filter_options = parse_method(method)
+            name, run_settings, filter_options = lab.parse_method(method)
             settings = dict(
                 lam=args.lam,
                 max_steps=args.max_steps,

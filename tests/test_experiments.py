@@ -461,12 +461,16 @@ def test_demo_quick(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name in ("masked_ratio.png", "loss_vs_accuracy.png", "margins.png"):
         assert (tmp_path / name).stat().st_size > 0
-    assert "as_skip_hybrid" in proc.stdout and "t->base best" in proc.stdout
-    assert "faster at <= 2.0 points lower test accuracy:" in proc.stdout
-    import json
-
+    recommended = lab.RECOMMENDED["multiclass"]
+    assert recommended in proc.stdout and "t->base best" in proc.stdout
+    assert "of softmax's best); softmax reached it in" in proc.stdout
+    assert (
+        f"the recommended setting ({recommended}) reached softmax's "
+        "accuracy sooner: "
+    ) in proc.stdout
     figures = json.loads((tmp_path / "demo.json").read_text())["methods"]
-    assert set(figures) == {"softmax", "as_softmax", "as_skip_hybrid"}
+    assert set(figures) == {"softmax", recommended}
+    assert figures["softmax"]["seconds_to_target"] > 0
     for values in figures.values():
         assert set(values) >= {
             "val_metric",

@@ -46,10 +46,12 @@ from as_softmax_lab.methods import DEFAULT_DELTA
 from as_softmax_lab.methods import IGNORE_CLASS
 from as_softmax_lab.methods import METHODS
 from as_softmax_lab.methods import METRIC_NAMES
+from as_softmax_lab.methods import RECOMMENDED
 from as_softmax_lab.methods import TASKS
 from as_softmax_lab.methods import LabelSmoothingLoss
 from as_softmax_lab.methods import Method
 from as_softmax_lab.methods import make_loss
+from as_softmax_lab.methods import parse_method
 from as_softmax_lab.methods import wrap_model
 from as_softmax_lab.models import Backbone
 from as_softmax_lab.models import build_classifier

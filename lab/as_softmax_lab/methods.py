@@ -38,6 +38,15 @@ METRIC_NAMES = {
     "tokens": "entity_f1",
 }
 
+# Per task, the setting that `benchmarks/as_speed.py` measured to reach
+# softmax's accuracy soonest (benchmarks/RESULTS.md), as a `parse_method`
+# spec: what the demo runs beside softmax.
+RECOMMENDED = {
+    "multiclass": "softmax_skip/learning_rate=2e-4",
+    "multilabel": "as_skip/learning_rate=2e-4",
+    "tokens": "softmax_skip/learning_rate=2e-4",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Method:
@@ -382,3 +391,40 @@ def wrap_model(
     return ASSpeed(
         model, lam=lam, max_steps=max_steps, sample_filter=sample_filter
     )
+
+
+RUN_SETTINGS = ("lam", "max_steps", "revisit", "learning_rate")
+
+
+def parse_method(spec):
+    """A method with settings of its own, `"name/key=value/..."`, as
+    `(name, run settings, filter options)`.
+
+    Run settings are `RUN_SETTINGS`, arguments of `run`; any other key is
+    a filter argument (`wrap_model`'s `filter_options`), such as
+    `anneal_fraction` or `skip_masked.score_margin`.
+
+    Example:
+
+    >>> parse_method("as_skip/learning_rate=2e-4/score_margin=0.1")
+    ('as_skip', {'learning_rate': 0.0002}, {'score_margin': 0.1})
+    """
+    name, *settings = spec.split("/")
+    run_settings, filter_options = {}, {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep:
+            raise ValueError(
+                f"Expected `key=value` after the method name. Received: "
+                f"{setting!r} in {spec!r}"
+            )
+        argument = key.rpartition(".")[2]
+        if argument in ("max_steps", "warmup_epochs", "max_skipped_epochs"):
+            value = int(value)
+        elif argument == "score_training":
+            value = {"true": True, "false": False}[value.lower()]
+        else:
+            value = float(value)
+        target = run_settings if key in RUN_SETTINGS else filter_options
+        target[key] = value
+    return name, run_settings, filter_options
