@@ -823,3 +823,45 @@ def test_graph_updates_reads_xla_command_buffer_log(capsys):
     # jaxlib 0.11.2's plugin logs updates without their times.
     module.report(*module.parse([update.format(1, 71, 3)]))
     assert "1 updates (time not logged on the host" in capsys.readouterr().out
+
+
+def test_time_to_target_report_prints_the_table_and_plots(tmp_path):
+    from as_softmax_lab import RECOMMENDED
+
+    def record(method, seed, seconds, reached=True):
+        return {
+            "backend": "jax 0.12.1",
+            "task": "multiclass",
+            "method": method,
+            "seed": seed,
+            "target": 0.7,
+            "reached": reached,
+            "seconds": seconds if reached else None,
+            "softmax_seconds": 100.0,
+            "speedup": 100.0 / seconds if reached else 0.0,
+            "test_metric": 0.71,
+            "softmax_test_metric": 0.72,
+            "history": [[seconds / 2, 0.5], [seconds, 0.7]],
+            "output": "benchmarks/results/x.txt",
+        }
+
+    recommended = RECOMMENDED["multiclass"]
+    records = [record("softmax", s, 100.0) for s in (0, 1)] + [
+        record(recommended, 0, 50.0),
+        record(recommended, 1, 60.0, reached=False),
+    ]
+    path = tmp_path / "records.json"
+    path.write_text(json.dumps(records))
+    script = SCRIPT.parent / "time_to_target.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--records", str(path)]
+        + ["--plots", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # The seed not reached counts 0x: the median of 2.0x and 0x is 1.0x.
+    row = f"| jax 0.12.1 | multiclass | `{recommended}` | 1/2 | 1.00x | -1.00 "
+    assert row in result.stdout, result.stdout
+    assert (tmp_path / "time_to_target_jax_multiclass.png").stat().st_size

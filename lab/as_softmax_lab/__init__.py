@@ -61,6 +61,7 @@ from as_softmax_lab.models import tiny_backbone
 from as_softmax_lab.plots import plot_loss_vs_metric
 from as_softmax_lab.plots import plot_margins
 from as_softmax_lab.plots import plot_masked_ratio
+from as_softmax_lab.plots import plot_time_to_target
 from as_softmax_lab.report import compare
 from as_softmax_lab.report import loss_metric_correlation
 from as_softmax_lab.runner import RunResult

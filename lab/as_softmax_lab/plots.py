@@ -116,3 +116,66 @@ def plot_margins(results, path=None, bins=40):
     if path:
         fig.savefig(path, dpi=110)
     return fig
+
+
+def plot_time_to_target(records, methods, path=None):
+    """Validation metric against training seconds, one line per seed and
+    method, with each seed's target; saves a PNG.
+
+    Args:
+        records: time-to-target records of one backend and task
+            (`as_softmax_lab.time_to_target.records`), with `history`.
+        methods: the methods to draw, in order (e.g. softmax and the
+            recommended setting).
+        path: where to save the PNG (skipped if `None`).
+
+    Returns:
+        The matplotlib `Figure`.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    targets = {}
+    for i, method in enumerate(methods):
+        for r in (r for r in records if r["method"] == method):
+            seconds, metric = np.asarray(r["history"], "float64").T
+            label = (
+                method
+                if r["seed"]
+                == min(q["seed"] for q in records if q["method"] == method)
+                else None
+            )
+            ax.plot(
+                seconds,
+                100 * metric,
+                color=colors[i % len(colors)],
+                alpha=0.8,
+                label=label,
+                marker=".",
+                markersize=3,
+            )
+            targets[r["seed"]] = r["target"]
+            if r["reached"]:
+                ax.plot(
+                    [r["seconds"]],
+                    [100 * r["target"]],
+                    marker="o",
+                    color=colors[i % len(colors)],
+                    markerfacecolor="none",
+                )
+    for target in targets.values():
+        ax.axhline(100 * target, color="grey", linewidth=0.5, alpha=0.5)
+    low = min(100 * t for t in targets.values()) if targets else 0.0
+    ax.set_ylim(low - 15, None)
+    ax.set_xlabel("training seconds (compilation included)")
+    ax.set_ylabel("validation metric (%)")
+    ax.set_title(
+        "Time to target: grey lines are each seed's target, circles where "
+        "a run first reached it",
+        fontsize=9,
+    )
+    ax.legend()
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=120)
+    return fig
