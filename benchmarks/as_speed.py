@@ -178,6 +178,24 @@ def parse_args(argv=None):
     return args
 
 
+def after_evaluations(result, steps=8):
+    """`"after evaluations x1.02 "`: the median time of the `steps` steps
+    after each mid-training evaluation over that of the other steps (a
+    stall that an evaluation leaves behind shows here); `""` without."""
+    import numpy as np
+
+    # `step_times[j]` is the run's step j + 2 (counted from 1), and an
+    # evaluation after step `e["step"]` precedes steps `e["step"] + 1...`.
+    after = np.zeros(len(result.step_times), bool)
+    for e in result.evals[:-1]:
+        after[max(e["step"] - 1, 0) : e["step"] - 1 + steps] = True
+    seconds = np.array([t for _, _, t in result.step_times])
+    if not after.any() or after.all():
+        return ""
+    ratio = np.median(seconds[after]) / np.median(seconds[~after])
+    return f"after evaluations x{ratio:.2f} "
+
+
 def per_epoch(name, values):
     """`"name/epoch [..] "` to two places, or `""` without values."""
     if not values:
@@ -320,6 +338,7 @@ def main(argv=None):
                 max_steps=args.max_steps,
                 revisit=args.revisit,
                 learning_rate=args.learning_rate,
+                delta=args.delta,
             )
             settings.update(run_settings)
             r = lab.run(
@@ -329,7 +348,6 @@ def main(argv=None):
                 seed=seed,
                 epochs=args.epochs,
                 batch_size=args.batch_size,
-                delta=args.delta,
                 warmup_ratio=args.warmup_ratio,
                 filter_options=filter_options,
                 evals_per_epoch=args.evals_per_epoch,
@@ -339,7 +357,7 @@ def main(argv=None):
             r = dataclasses.replace(r, method=method)
             results.append(r)
             accum = f" accum_steps={r.accum_steps[-1]}" if r.accum_steps else ""
-            slowest = ""
+            slowest = after_evaluations(r)
             if r.step_times:
                 epoch, batch, seconds = max(
                     r.step_times, key=lambda step: step[2]

@@ -393,7 +393,7 @@ def wrap_model(
     )
 
 
-RUN_SETTINGS = ("lam", "max_steps", "revisit", "learning_rate")
+RUN_SETTINGS = ("lam", "max_steps", "revisit", "learning_rate", "delta")
 
 
 def parse_method(spec):
