@@ -55,7 +55,7 @@ softmax cross entropy, AS-Softmax, and AS-Speed with both filters
 """
 
 TABLES = "../benchmarks/results/paper_tables.md"
-SPEED = "../benchmarks/RESULTS.md#training-speed-up-at-equal-accuracy"
+SPEED = "../benchmarks/RESULTS.md#speed-up-per-epoch"
 SIZE_MD = f"""\
 **What this notebook's size cannot show.** It trains on 384 sentences for
 6 epochs, so that it runs in minutes on a CPU. That shows how the method
