@@ -357,7 +357,7 @@ def main(argv=None):
             r = dataclasses.replace(r, method=method)
             results.append(r)
             accum = f" accum_steps={r.accum_steps[-1]}" if r.accum_steps else ""
-            slowest = after_evaluations(r)
+            slowest = ""
             if r.step_times:
                 epoch, batch, seconds = max(
                     r.step_times, key=lambda step: step[2]
@@ -376,7 +376,7 @@ def main(argv=None):
                 f"batches/epoch {r.batches_per_epoch} "
                 f"s/epoch {[round(t, 1) for t in r.epoch_times]} "
                 f"{per_epoch('trained', r.trained_fraction)}"
-                f"{slowest}"
+                f"{slowest}{after_evaluations(r)}"
                 f"[{time.perf_counter() - t:.0f}s]",
                 flush=True,
             )
