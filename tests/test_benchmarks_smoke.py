@@ -12,6 +12,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import types
 
 import keras
 import pytest
@@ -865,3 +866,20 @@ def test_time_to_target_report_prints_the_table_and_plots(tmp_path):
     row = f"| jax 0.12.1 | multiclass | `{recommended}` | 1/2 | 1.00x | -1.00 "
     assert row in result.stdout, result.stdout
     assert (tmp_path / "time_to_target_jax_multiclass.png").stat().st_size
+
+
+def test_as_speed_flags_the_steps_after_an_evaluation():
+    as_speed = _load_script(SCRIPT.parent / "as_speed.py")
+    # 16 steps, evaluations after steps 4 and 12 and at the end: steps
+    # 5-6 and 13-14 (step_times 3-4 and 11-12) follow one, at 3 s.
+    seconds = [1.0] * 15
+    seconds[3] = seconds[4] = seconds[11] = seconds[12] = 3.0
+    result = types.SimpleNamespace(
+        step_times=[(1, i, t) for i, t in enumerate(seconds)],
+        evals=[{"step": 4}, {"step": 12}, {"step": 16}],
+    )
+    assert as_speed.after_evaluations(result, steps=2) == (
+        "after evaluations x3.00 "
+    )
+    result.evals = [{"step": 16}]  # only the final one: nothing to compare
+    assert as_speed.after_evaluations(result) == ""
