@@ -20,6 +20,7 @@ python benchmarks/time_to_target.py --records other.json --plots /tmp
 import argparse
 import json
 import os
+import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,6 +44,22 @@ def main(argv=None):
     with open(args.records) as f:
         records = json.load(f)
     print(time_to_target.table(records))
+    print(
+        "\nepoch starts: the seconds from an epoch's start to its first "
+        "evaluation over the epoch's other intervals (2 evaluations an "
+        "epoch), per backend and method, median and max over epochs and "
+        "seeds; 2x would be a stall that an evaluation leaves behind"
+    )
+    groups = {}
+    for r in records:
+        key = (r["backend"], r["task"], r["method"])
+        groups.setdefault(key, []).extend(time_to_target.epoch_start_ratios(r))
+    for (backend, task, method), ratios in sorted(groups.items()):
+        if ratios:
+            print(
+                f"{backend}, {task}, {method}: median "
+                f"x{statistics.median(ratios):.2f}, max x{max(ratios):.2f}"
+            )
     groups = sorted({(r["backend"], r["task"]) for r in records})
     for backend, task in groups:
         group = [

@@ -434,6 +434,11 @@ def test_time_to_target_on_a_synthetic_history(tmp_path):
     ]
     with pytest.raises(ValueError, match="target fraction"):
         ttt.target_of(runs[0].evals, 1.5)
+    # Epochs of 10 s a half; the third epoch's first half took 20 s.
+    steady = {"history": [[10 * i, 0.5] for i in range(1, 5)]}
+    stalled = {"history": [[t, 0.5] for t in (10, 20, 30, 40, 60, 70)]}
+    assert ttt.epoch_start_ratios(steady) == [1.0]
+    assert ttt.epoch_start_ratios(stalled) == [1.0, 2.0]
 
 
 # ------------------------------------------------------------------ demo

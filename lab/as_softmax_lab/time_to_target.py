@@ -90,6 +90,23 @@ def records(results, fraction=DEFAULT_TARGET, baseline="softmax", **fields):
     return out
 
 
+def epoch_start_ratios(record, evals_per_epoch=2):
+    """Per epoch after the first, the training seconds between an epoch's
+    start and its first evaluation over the mean of its other intervals
+    between evaluations: about 1 for a steady run, 2 where the steps after
+    an epoch's start take twice their time (a stall that an evaluation at
+    the end of the previous epoch left behind)."""
+    t = [seconds for seconds, _ in record["history"]]
+    k = evals_per_epoch
+    ratios = []
+    for start in range(k, len(t) - k + 1, k):
+        first = t[start] - t[start - 1]
+        rest = (t[start + k - 1] - t[start]) / (k - 1)
+        if rest > 0:
+            ratios.append(first / rest)
+    return ratios
+
+
 def _key(record):
     return (
         record.get("backend"),
