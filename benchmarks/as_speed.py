@@ -225,7 +225,8 @@ def per_epoch_table(results, baseline="softmax"):
             continue
         runs = [r for r in results if r.method == method and r.seed in base]
         cells = []
-        for e in range(min(r.epochs for r in runs) if runs else 0):
+        epochs = [min(r.epochs, len(base[r.seed])) for r in runs]
+        for e in range(min(epochs) if runs else 0):
             masked, trained, ratio = [], [], []
             for r in runs:
                 start = sum(r.batches_per_epoch[:e])
@@ -339,6 +340,7 @@ def main(argv=None):
                 revisit=args.revisit,
                 learning_rate=args.learning_rate,
                 delta=args.delta,
+                epochs=args.epochs,
             )
             settings.update(run_settings)
             r = lab.run(
@@ -346,7 +348,6 @@ def main(argv=None):
                 prepared,
                 backbone,
                 seed=seed,
-                epochs=args.epochs,
                 batch_size=args.batch_size,
                 warmup_ratio=args.warmup_ratio,
                 filter_options=filter_options,

@@ -176,6 +176,7 @@ def main(argv=None):
         settings = {
             "learning_rate": args.learning_rate,
             "revisit": args.revisit,
+            "epochs": args.epochs,
             **settings,
         }
         result = lab.run(
@@ -183,7 +184,6 @@ def main(argv=None):
             prepared,
             backbone,
             seed=args.seed,
-            epochs=args.epochs,
             batch_size=args.batch_size,
             evals_per_epoch=2,
             jit_compile=not args.graph,

@@ -395,7 +395,14 @@ def wrap_model(
     )
 
 
-RUN_SETTINGS = ("lam", "max_steps", "revisit", "learning_rate", "delta")
+RUN_SETTINGS = (
+    "lam",
+    "max_steps",
+    "revisit",
+    "learning_rate",
+    "delta",
+    "epochs",
+)
 
 
 def parse_method(spec):
@@ -421,7 +428,12 @@ def parse_method(spec):
                 f"{setting!r} in {spec!r}"
             )
         argument = key.rpartition(".")[2]
-        if argument in ("max_steps", "warmup_epochs", "max_skipped_epochs"):
+        if argument in (
+            "max_steps",
+            "epochs",
+            "warmup_epochs",
+            "max_skipped_epochs",
+        ):
             value = int(value)
         elif argument == "score_training":
             value = {"true": True, "false": False}[value.lower()]
