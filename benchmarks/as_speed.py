@@ -1,24 +1,33 @@
-"""Benchmark: does AS-Speed train faster than softmax, at what accuracy?
+"""Benchmark: does AS-Speed reach softmax's accuracy sooner?
 
 Fine-tunes the offline all-MiniLM-L6-v2 on the bundled WordNet
-lexicographer-category data (45 classes, real text) with softmax,
-AS-Softmax and AS-Speed, for several seeds each, and prints per method:
-final validation and test accuracy (mean ± std over seeds), training
-seconds per epoch (XLA compilation and validation excluded), optimizer
-updates, training seconds until softmax's best validation accuracy (same
-seed) is first reached, the ratios of those times to softmax's, and the
-ratio of whole runs with compilation counted.
+lexicographer-category data (45 classes, real text) with softmax and the
+methods named, for several seeds each. The headline is time to target,
+as MLPerf Training judges speed: per seed, the training seconds
+(compilation included, evaluation left out) until the validation accuracy
+first reaches 99% of the best of softmax's run on the same seed
+(`--target`), or "not reached". Validation takes 1000 sentences twice an
+epoch, test all 2006 after training. Each seed's records merge into
+`results/time_to_target.json` as the seed ends (`time_to_target.py` makes
+the table and plots from it). It also prints per method: final validation
+and test accuracy (mean ± std over seeds), training seconds per epoch,
+optimizer updates, epoch-time ratios to softmax's, and the steps after an
+evaluation over the others (a stall an evaluation leaves behind).
 
-The default run: 2048 training sentences, 8 epochs, three seeds, on
-TensorFlow (XLA), JAX (`KERAS_BACKEND=jax`) or PyTorch. `--task
-multilabel` or `--task tokens` runs the bundled WordNet multi-label or
-token-tagging task instead (there, `softmax` is each task's reference:
-the multi-label categorical cross entropy, per-token softmax). A second
-table gives, per epoch, the `masked_ratio` that `fit` logs, the share of
-samples trained and the epoch's time over softmax's: what a filter saves
-at each masked share. The methods:
+The default run: 2048 training sentences, 8 epochs, three seeds, softmax
+and the recommended setting (`as_softmax_lab.RECOMMENDED`), on TensorFlow,
+JAX (`KERAS_BACKEND=jax`) or PyTorch. `--task multilabel` or `--task
+tokens` runs the bundled WordNet multi-label or token-tagging task instead
+(there, `softmax` is each task's reference: the multi-label categorical
+cross entropy, per-token softmax). A second table gives, per epoch, the
+`masked_ratio` that `fit` logs, the share of samples trained and the
+epoch's time over softmax's: what a filter saves at each masked share.
+The methods:
 
 * `softmax`: plain fine-tuning, the reference of every ratio.
+* `softmax_skip`: softmax cross entropy on the samples AS-Softmax has not
+  masked (`ASSoftmaxLoss(delta, classes="all")`) under `ASSpeed` with
+  `SkipMasked()`: the masked ones skip the training passes.
 * `as_skip_hybrid`: AS-Softmax under `ASSpeed` with
   `[SkipMaskedLastSeen(n), SkipMasked()]`: samples masked when last seen
   are left out without a pass (a `--revisit` fraction is trained anyway,
@@ -39,7 +48,7 @@ speed-up is assumed.
 Usage:
 
 ```
-# the default comparison, ~45 minutes on 2 cores per backend:
+# softmax and the recommended setting, 3 seeds, ~75 minutes on one core:
 python benchmarks/as_speed.py
 KERAS_BACKEND=jax python benchmarks/as_speed.py
 python benchmarks/as_speed.py --methods softmax,as_speed --epochs 3
@@ -50,8 +59,8 @@ python benchmarks/as_speed.py --methods \
     softmax,as_skip_hybrid,as_skip_hybrid/max_steps=1,as_skip_hybrid/anneal_fraction=0.125
 ```
 
-A variant's settings are `lam`, `max_steps`, `revisit` and
-`learning_rate`, or any argument of the method's filters
+A variant's settings are `lam`, `max_steps`, `revisit`, `learning_rate`,
+`delta` and `epochs`, or any argument of the method's filters
 (`anneal_fraction`, `warmup_epochs`, `max_skipped_fraction`,
 `min_masked_ratio`, `prune`, `score_margin`, `score_training` as `true`
 or `false`, `keep`), for one filter alone with the prefix `last_seen.`
@@ -148,7 +157,10 @@ def parse_args(argv=None):
         help="the backbone (default offline-minilm; --quick: tiny-random)",
     )
     parser.add_argument(
-        "--methods", default="softmax,as_skip_hybrid,softmax_infobatch"
+        "--methods",
+        default=None,
+        help="comma-separated methods, each optionally with /key=value "
+        "settings (default: softmax and the task's recommended setting)",
     )
     parser.add_argument(
         "--revisit",
@@ -169,6 +181,10 @@ def parse_args(argv=None):
             setattr(args, key, value)
     if args.preset is None:
         args.preset = "tiny-random" if quick else "offline-minilm"
+    if args.methods is None:
+        from as_softmax_lab import RECOMMENDED
+
+        args.methods = f"softmax,{RECOMMENDED[args.task]}"
     if quick:
         args.batch_size = min(args.batch_size, 16)
         args.sequence_length = min(args.sequence_length, 24)
