@@ -883,3 +883,26 @@ def test_as_speed_flags_the_steps_after_an_evaluation():
     )
     result.evals = [{"step": 16}]  # only the final one: nothing to compare
     assert as_speed.after_evaluations(result) == ""
+
+
+def test_as_speed_quick_writes_time_to_target_records(tmp_path):
+    from as_softmax_lab import RECOMMENDED
+
+    records, log = tmp_path / "records.json", tmp_path / "log.txt"
+    out = run_quick(
+        SCRIPT.parent / "as_speed.py",
+        keras.backend.backend(),
+        "--records",
+        str(records),
+        "--log",
+        str(log),
+    )
+    assert "time to target:" in out and "| seeds reached |" in out, out
+    assert log.read_text() == out
+    written = json.loads(records.read_text())
+    methods = {r["method"] for r in written}
+    assert methods == {"softmax", RECOMMENDED["multiclass"]}, methods
+    for r in written:
+        assert r["command"].startswith("KERAS_BACKEND=")
+        assert r["reached"] == (r["seconds"] is not None)
+        assert len(r["history"]) >= 4  # twice an epoch, two epochs
