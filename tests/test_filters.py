@@ -520,7 +520,7 @@ def two_batches(seed=0):
     return x, y, weights
 
 
-def fit_window(sample_filter, jit_compile, **regularizers):
+def fit_window(sample_filter, jit_compile, classes="kept", **regularizers):
     x, y, weights = two_batches()
     model = identity_model(**regularizers)
     wrapped = kas.ASSpeed(
@@ -529,7 +529,7 @@ def fit_window(sample_filter, jit_compile, **regularizers):
     wrapped.accumulation_steps = 2
     wrapped.compile(
         optimizer=keras.optimizers.SGD(0.5),
-        loss=kas.ASSoftmaxLoss(0.3),
+        loss=kas.ASSoftmaxLoss(0.3, classes=classes),
         jit_compile=jit_compile,
     )
     history = wrapped.fit(
@@ -545,24 +545,29 @@ def fit_window(sample_filter, jit_compile, **regularizers):
 
 
 @pytest.mark.parametrize(
-    "score_training, regularizers",
+    "score_training, regularizers, classes",
     [
-        (True, {}),
-        (False, {}),
-        (True, {"kernel_regularizer": keras.regularizers.L2(0.05)}),
+        (True, {}, "kept"),
+        (False, {}, "kept"),
+        (True, {"kernel_regularizer": keras.regularizers.L2(0.05)}, "kept"),
+        (True, {}, "all"),
     ],
-    ids=["score_training", "score_inference", "weight_penalty"],
+    ids=["score_training", "score_inference", "weight_penalty", "all_classes"],
 )
 @pytest.mark.parametrize("jit_compile", JIT, indirect=True)
 def test_skip_masked_gives_the_plain_update(
-    jit_compile, score_training, regularizers
+    jit_compile, score_training, regularizers, classes
 ):
     """A window of two batches with two unmasked samples each: one training
     pass on the four, with their batches' coefficients, equals the plain
     accumulated update (without dropout, in either scoring mode). A
     weight's penalty acts once in the update, as in the plain one's mean
-    of two micro-batches that each held it, not once per training pass."""
-    plain, plain_logs = fit_window(None, jit_compile, **regularizers)
+    of two micro-batches that each held it, not once per training pass.
+    With softmax cross entropy on the rows not masked (`classes="all"`)
+    as well."""
+    plain, plain_logs = fit_window(
+        None, jit_compile, classes=classes, **regularizers
+    )
     skip, skip_logs = fit_window(
         filters.SkipMasked(
             0.0,
@@ -570,6 +575,7 @@ def test_skip_masked_gives_the_plain_update(
             score_training=score_training,
         ),
         jit_compile,
+        classes=classes,
         **regularizers,
     )
     assert not np.allclose(plain.get_weights()[0], np.eye(NUM_CLASSES))
