@@ -419,7 +419,10 @@ def test_time_to_target_on_a_synthetic_history(tmp_path):
     np.testing.assert_allclose(summary["test_diff"], 1.5)  # +1 and +2
     table = ttt.table(records)
     assert "| b | t | `never` | 0/2 | 0.00x |" in table
-    assert "| b | t | `fast` | 2/2 | 2.12x | +1.50 ± 6.35 | o.txt |" in table
+    assert (
+        "| b | t | `fast` | 2/2 | 2.12x | +1.50 ± 6.35 | [o.txt](o.txt) |"
+        in table
+    )
     assert "`softmax`" not in table
     # A later run of the same key replaces the record; others stay.
     path = tmp_path / "records.json"

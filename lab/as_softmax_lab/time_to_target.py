@@ -185,7 +185,11 @@ def table(all_records, baseline="softmax"):
             if math.isnan(s["test_diff_95"])
             else (f" ± {s['test_diff_95']:.2f}")
         )
-        outputs = sorted({r.get("output", "") for r in group} - {""})
+        # Links from benchmarks/RESULTS.md, where the table goes.
+        outputs = [
+            f"[{path.rpartition('/')[2]}]({path.removeprefix('benchmarks/')})"
+            for path in sorted({r.get("output", "") for r in group} - {""})
+        ]
         lines.append(
             f"| {backend} | {task} | `{method}` | "
             f"{s['reached']}/{s['seeds']} | {s['median_speedup']:.2f}x | "
