@@ -38,11 +38,13 @@ METRIC_NAMES = {
     "tokens": "entity_f1",
 }
 
-# Per task, the setting that the demo runs beside softmax, as a
-# `parse_method` spec: on multi-class, the one `benchmarks/as_speed.py`
-# measured to reach softmax's accuracy soonest (benchmarks/RESULTS.md);
-# tokens take the same, and multi-label (no `classes="all"` there) the AS
-# loss with `SkipMasked()`, neither measured to a target yet.
+# Per task, the setting that the demo and `benchmarks/as_speed.py` run
+# beside softmax, as a `parse_method` spec: on multi-class, the one measured
+# to reach softmax's accuracy soonest (benchmarks/RESULTS.md). Tokens take
+# the same, which reached the target later than softmax (one seed: a
+# sentence skips only once all its tokens are masked); multi-label (no
+# `classes="all"` there) the AS loss with `SkipMasked()`, not measured to a
+# target yet.
 RECOMMENDED = {
     "multiclass": "softmax_skip/learning_rate=2e-4/delta=0.5",
     "multilabel": "as_skip/learning_rate=2e-4",
