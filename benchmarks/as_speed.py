@@ -76,9 +76,7 @@ import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# Measure the checkout this script lives in, not whichever copy is installed.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 

@@ -123,9 +123,6 @@ import time
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Measure the checkout this script lives in, not whichever copy is installed.
-sys.path.insert(0, os.path.join(ROOT, "lab"))
-sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 

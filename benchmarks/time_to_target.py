@@ -24,7 +24,6 @@ import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 

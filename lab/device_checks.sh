@@ -20,7 +20,10 @@ OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+# The scripts import keras_as_softmax and as_softmax_lab as installed, and
+# here neither is: this checkout's go first on the path.
+checkout="$PWD:$PWD/lab"
+export PYTHONPATH=$checkout:/tmp/site PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
 run() {  # run NAME SECONDS BACKEND ARGS...
     local name=$1 seconds=$2 backend=$3
@@ -97,8 +100,9 @@ python3 lab/graph_updates.py "$OUT/graph_updates_log.txt" | tee "$OUT/graph_upda
 # (keras-hub 0.32 does not import with it), softmax beside the filters.
 if python3 -m pip install -q --no-index --no-deps --no-compile \
     --no-cache-dir --target /tmp/site-nightly .whl-nightly/*.whl; then
-    PYTHONPATH=/tmp/site-nightly:/tmp/site run gpu_check_jax_nightly_spe8 \
-        150 jax benchmarks/gpu_check.py --shape minilm --backbone keras \
+    PYTHONPATH=$checkout:/tmp/site-nightly:/tmp/site \
+        run gpu_check_jax_nightly_spe8 150 jax benchmarks/gpu_check.py \
+        --shape minilm --backbone keras \
         --steps-per-execution 8 --variants softmax,skip_masked,pair
 fi
 # The tiny model, eight steps a dispatch on Keras 3.15.

@@ -43,8 +43,6 @@ import re
 import sys
 import tempfile
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-
 # An H100 SXM as XLA describes a GPU it compiles for (NVIDIA's published
 # figures: compute capability 9.0, 132 SMs, 80 GB HBM3 at 3.35 TB/s, 50 MB
 # of L2); RESULTS.md's H200 is the same chip with more and faster memory,
@@ -327,23 +325,26 @@ def main(argv=None):
     dump = pathlib.Path(tempfile.mkdtemp(prefix="gpu_program_"))
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={dump}".strip()
-    sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
-    import gpu_check
+    if os.environ["KERAS_BACKEND"] != "tensorflow":
+        # As `benchmarks/gpu_check.py` does: `import tensorflow` now fails,
+        # as on a GPU image without it.
+        sys.modules["tensorflow"] = None
     import jax
     import numpy as np
 
     import keras_as_softmax as kas
+    from as_softmax_lab import random_bert
 
-    check = gpu_check.parse_args(
+    check = random_bert.parse_args(
         ["--quick"]
         if args.quick
         else ["--shape", args.shape, "--samples", "64"]
     )
     (shape,) = check.shapes.values()
     print(f"jax {jax.__version__}; XLA_FLAGS={flags or '(none)'}; dump {dump}")
-    x, y = gpu_check.make_data(shape["vocabulary_size"], check)
+    x, y = random_bert.make_data(shape["vocabulary_size"], check)
     for variant in args.variants.split(","):
-        model = gpu_check.make_variant(variant, shape, check)
+        model = random_bert.make_variant(variant, shape, check)
         inputs = kas.filters.with_sample_ids(x) if variant == "pair" else x
         model.fit(inputs, y, batch_size=32, steps_per_epoch=1, verbose=0)
         batch = jax.tree.map(lambda a: np.asarray(a)[:32], (inputs, y))

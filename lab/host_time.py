@@ -34,7 +34,6 @@ import time
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.modules["tensorflow"] = None  # as on a GPU image without it
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras  # noqa: E402
 from keras.src import callbacks as callbacks_module  # noqa: E402
@@ -42,7 +41,7 @@ from keras.src.backend.jax import trainer as jax_trainer  # noqa: E402
 from keras.src.trainers.data_adapters import array_data_adapter  # noqa: E402
 
 import keras_as_softmax as kas  # noqa: E402
-from benchmarks import gpu_check  # noqa: E402
+from as_softmax_lab import random_bert  # noqa: E402
 from keras_as_softmax.training import _jax as kas_jax  # noqa: E402
 
 clock = time.thread_time_ns
@@ -137,8 +136,8 @@ def profile(variant, spe, args):
         steps_per_execution=spe,
         backbone="keras",
     )
-    x, y = gpu_check.make_data(args.shape["vocabulary_size"], model_args)
-    model = gpu_check.make_variant(variant, args.shape, model_args)
+    x, y = random_bert.make_data(args.shape["vocabulary_size"], model_args)
+    model = random_bert.make_variant(variant, args.shape, model_args)
     steps = -(-args.samples // 32)
     for epoch in range(args.rounds + 1):
         timing = epoch > 0
@@ -165,14 +164,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", default="softmax,as_speed,skip_masked")
     parser.add_argument("--spe", default="1,8", help="steps_per_execution")
-    parser.add_argument("--shape", default="minilm", choices=gpu_check.SHAPES)
+    parser.add_argument("--shape", default="minilm", choices=random_bert.SHAPES)
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--sequence-length", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     name = "tiny" if args.quick else args.shape
-    args.shape = gpu_check.TINY if args.quick else gpu_check.SHAPES[name]
+    args.shape = random_bert.TINY if args.quick else random_bert.SHAPES[name]
     if args.quick:
         args.samples, args.rounds = 128, 1
     import jax

@@ -23,21 +23,25 @@ import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras  # noqa: E402
 
-from benchmarks import gpu_check  # noqa: E402
-from benchmarks import step_overhead  # noqa: E402
+if os.environ["KERAS_BACKEND"] != "tensorflow":
+    # As `benchmarks/gpu_check.py` does: `import tensorflow` now fails, as
+    # on a GPU image without it.
+    sys.modules["tensorflow"] = None
+
+from as_softmax_lab import random_bert  # noqa: E402
+from as_softmax_lab import tiny_mlp  # noqa: E402
 
 
 def build(name):
     if name == "mlp":
-        args = step_overhead.parse_args([])
-        return step_overhead.make_model("keras", 4096, args)
-    args = gpu_check.parse_args([])
-    shape = gpu_check.TINY if name == "tiny" else gpu_check.SHAPES[name]
-    return gpu_check.make_variant("softmax", shape, args)
+        args = tiny_mlp.parse_args([])
+        return tiny_mlp.make_model("keras", 4096, args)
+    args = random_bert.parse_args([])
+    shape = random_bert.TINY if name == "tiny" else random_bert.SHAPES[name]
+    return random_bert.make_variant("softmax", shape, args)
 
 
 def median_seconds(fn, calls, repeats=7):

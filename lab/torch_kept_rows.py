@@ -29,27 +29,25 @@ where compute counts).
 
 import argparse
 import os
-import sys
 from unittest import mock
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 import keras  # noqa: E402
 from keras import ops  # noqa: E402
 
 import keras_as_softmax as kas  # noqa: E402
-from benchmarks._interleaved import epoch_fit  # noqa: E402
-from benchmarks._interleaved import print_table  # noqa: E402
-from benchmarks._interleaved import time_epochs  # noqa: E402
-from benchmarks.step_overhead import make_data  # noqa: E402
+from as_softmax_lab.timing import epoch_fit  # noqa: E402
+from as_softmax_lab.timing import print_table  # noqa: E402
+from as_softmax_lab.timing import time_epochs  # noqa: E402
+from as_softmax_lab.tiny_mlp import make_data  # noqa: E402
 from keras_as_softmax.filters.base import View  # noqa: E402
 from keras_as_softmax.training import _filtering  # noqa: E402
 from keras_as_softmax.training import _queue  # noqa: E402
+from keras_as_softmax.training import _torch  # noqa: E402
 
 
-def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
+def kept_rows_step(engine, loss, state, x, y, sample_weight, ids, draws, hooks):
     """One train step with filters, each pass on exactly the rows kept.
 
     For a backend whose batch shape may change from step to step (PyTorch,
@@ -67,12 +65,13 @@ def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
         `(StepOutput, FilterState)`, the queues left as they were;
         `trained` is the share of the drawn samples trained on.
     """
-    filters = model.sample_filters
+    filters = engine.filters
     states = list(state.states)
-    loss = model.loss
-    rows = _filtering._drawn_rows(model, x, y, sample_weight, ids)
+    rows = _filtering._drawn_rows(
+        loss, engine.row_tail, x, y, sample_weight, ids
+    )
     batch = ops.shape(rows.ids)[0]
-    epoch, epochs = model._epoch_state()
+    epoch, epochs = engine.epoch_state()
     count_all = ops.zeros((), "float32")
     count_masked = ops.zeros((), "float32")
 
@@ -91,7 +90,7 @@ def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
         keep, rows = _filtering._apply_weight(
             rows, memory_filter.active(epoch, epochs), keep, weight
         )
-        skipped = _filtering._memory_skipped(loss, rows, keep)
+        skipped = _filtering._memory_skipped(rows, keep)
         count_all += skipped
         count_masked += skipped
         rows = take(rows, keep)
@@ -158,7 +157,9 @@ def kept_rows_step(model, state, x, y, sample_weight, ids, draws, hooks):
             metric_out = (train_y, y_pred, weight, covered, value, one)
     if metric_out is None:
         # Nothing ran: the drawn rows, weighted 0.
-        drawn = _filtering._drawn_rows(model, x, y, sample_weight, ids)
+        drawn = _filtering._drawn_rows(
+            loss, engine.row_tail, x, y, sample_weight, ids
+        )
         zero = ops.zeros((), "float32")
         metric_out = (
             y,
@@ -186,21 +187,21 @@ class KeptRows(kas.ASSpeed):
     """The filters' passes on exactly the kept rows (`kept_rows_step`, run
     in place of `_filtering.filtered_step`)."""
 
-    def _filtered_step(self, *args, **kwargs):
+    def train_step(self, *args):
         def step(*step_args, queue_ops):
             return kept_rows_step(*step_args)
 
         with mock.patch.object(_filtering, "filtered_step", step):
-            return super()._filtered_step(*args, **kwargs)
+            return super().train_step(*args)
 
 
 class Queue(kas.ASSpeed):
     """The static queue of `_filtering.filtered_step` in eager steps, as
     under `torch.compile`."""
 
-    @property
-    def _queue_ops(self):
-        return _queue
+    def train_step(self, *args):
+        with mock.patch.object(_torch, "EagerQueue", _queue):
+            return super().train_step(*args)
 
 
 FILTERS = {

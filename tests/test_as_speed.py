@@ -1424,8 +1424,8 @@ def filtered(strategy, make_filter, jit_compile, batch=8):
         return str(error)
     hist = hist.history
     memory = next(
-        (v for states in model._filter_states for k, v in states.items()
-         if k.startswith("last_seen")),
+        (v for states in getattr(model.filter_engine, "states", [])
+         for k, v in states.items() if k.startswith("last_seen")),
         None,
     )
     return {
@@ -1695,7 +1695,7 @@ def train(sample_filter, ids, steps_per_execution=1):
     if not ids:
         return model.get_weights(), hist, None
     memory = keras.ops.convert_to_numpy(
-        model._filter_states[0]["last_seen_masked"]
+        model.filter_engine.states[0]["last_seen_masked"]
     ).tolist()
     return model.get_weights(), hist, memory
 
@@ -1798,9 +1798,13 @@ def test_torch_compile_gives_the_eager_weights(sample_filter):
     eager, eager_logs = fit(False)
     compiled, compiled_logs = fit(True)
     # Every weight the same, but the queue's stale rows (past its count).
-    buffers = {id(v) for v in eager._queue_variables() if len(v.shape) == 2}
+    buffers = {
+        id(v)
+        for v in eager.filter_engine.queue_variables()
+        if len(v.shape) == 2
+    }
     count = sample_filter and int(
-        ops.convert_to_numpy(eager._train_queue.count)
+        ops.convert_to_numpy(eager.filter_engine.train_queue.count)
     )
     for u, v in zip(eager.weights, compiled.weights):
         a, b = ops.convert_to_numpy(u), ops.convert_to_numpy(v)

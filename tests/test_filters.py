@@ -203,15 +203,12 @@ def run_pipeline(
         ],
     )
     epoch = [0]
-    model = types.SimpleNamespace(
-        sample_filters=sample_filter,
-        loss=kas.ASSoftmaxLoss(0.3),
-        _filter_batch_size=batch,
-        _queue_layout=layout,
-        _row_tail=(),
-        _output_tail=(NUM_CLASSES,),
-        _output_dtype="float32",
-        _epoch_state=lambda: (epoch[0], epochs),
+    engine = types.SimpleNamespace(
+        filters=sample_filter,
+        batch_size=batch,
+        layout=layout,
+        row_tail=(),
+        epoch_state=lambda: (epoch[0], epochs),
     )
     hooks = RecordingHooks(easy)
     rng = np.random.default_rng(0)
@@ -226,7 +223,8 @@ def run_pipeline(
                 rng.uniform(size=batch).astype("float32")
             )
             output, state = step(
-                model,
+                engine,
+                kas.ASSoftmaxLoss(0.3),
                 state,
                 x,
                 y,
@@ -480,7 +478,10 @@ def test_schedule_warms_up_and_anneals():
 
 
 def test_draws_are_uniform_and_a_function_of_seed_and_counter():
-    from keras_as_softmax.training.as_speed import stateless_uniform
+    backend = importlib.import_module(
+        f"keras_as_softmax.training._{keras.backend.backend()}"
+    )
+    stateless_uniform = backend.stateless_uniform
 
     def draws(size, seed, counter):
         seed = ops.convert_to_tensor(seed, "int32")
@@ -697,7 +698,7 @@ def test_low_masked_share_takes_plain_steps():
     logs = wrapped.fit(x, y, batch_size=4, epochs=2, verbose=0).history
     # No scoring pass, and one training pass per drawn batch, as a plain step.
     assert logs["trained_fraction"] == [1.0, 1.0]
-    share = wrapped._filter_states[0]["masked_share"]
+    share = wrapped.filter_engine.states[0]["masked_share"]
     assert float(ops.convert_to_numpy(share)) < 1 / 3
 
 
@@ -1045,7 +1046,14 @@ def test_a_filtered_step_writes_only_the_rows_it_touches(
         assert not [p for p in paths if p.endswith(f.memory_name)]
         memory = state_of(wrapped, f.memory_name)
         assert np.any(memory != f.memory_initial)  # yet it was written
-    queues = [q for q in (wrapped._score_queue, wrapped._train_queue) if q]
+    queues = [
+        q
+        for q in (
+            wrapped.filter_engine.score_queue,
+            wrapped.filter_engine.train_queue,
+        )
+        if q
+    ]
     buffers = [ops.convert_to_numpy(b) for q in queues for b in q.buffers]
     assert any(np.any(b != 0) for b in buffers)  # rows were queued
 
@@ -1421,7 +1429,7 @@ def state_of(model, name):
     """A filter state's value, found by its weight's name."""
     (variable,) = [
         v
-        for states in model._filter_states
+        for states in model.filter_engine.states
         for k, v in states.items()
         if k == name
     ]
@@ -1570,7 +1578,7 @@ def test_array_batches_keras_draws_size_the_queues(how):
         optimizer="sgd", loss=kas.ASSoftmaxLoss(1.0), jit_compile=JIT[0]
     )
     logs = wrapped.fit(x, y, epochs=2, verbose=0, **how).history
-    assert wrapped._filter_batch_size == 48
+    assert wrapped.filter_engine.batch_size == 48
     assert logs["trained_fraction"] == [1.0, 1.0]
 
 
@@ -2047,46 +2055,6 @@ def test_steps_per_execution_runs_a_group_of_batches_in_one_scan(monkeypatch):
 
 @pytest.mark.skipif(BACKEND != "jax", reason="JAX's pure train step")
 @pytest.mark.parametrize("name", list(_one_program_filters()))
-def test_a_step_reads_no_device_value_on_the_host(monkeypatch, name):
-    """Each drawn batch is one compiled program that the host dispatches
-    without reading a device value, and so is a group of 8 a dispatch
-    (`steps_per_execution`): a read of a `jax.Array` on the host
-    (`float`, `bool`, `.item()`, and `np.asarray` off the CPU, where NumPy
-    takes a CPU array's buffer directly) goes through `ArrayImpl._value`,
-    which raises here while the steps run."""
-    import jax
-    from jax._src import array as jax_array
-
-    from keras_as_softmax.training import _jax
-
-    wrapped, state, batches = _fitted_for_jax_steps(name)
-    batches = [jax.device_put(batch) for batch in batches]
-    one_at_a_time = wrapped.train_function
-    wrapped.steps_per_execution = len(batches)
-    wrapped.make_train_function(force=True)
-    # Keras after 3.15 stacks a group's batches before the step; 3.15's
-    # iterator gives them one by one.
-    group = batches
-    if _jax.KERAS_SCANS_STEPS:
-        group = [jax.tree.map(lambda *a: jax.numpy.stack(a), *batches)]
-    # Compiling reads the constants the program holds: once, here.
-    logs, state = wrapped.train_function(state, iter(group))
-
-    def read(array):
-        raise AssertionError("a train step read a device value on the host")
-
-    monkeypatch.setattr(jax_array.ArrayImpl, "_value", property(read))
-    for batch in batches:
-        logs, state = one_at_a_time(state, iter([batch]))
-    logs, state = wrapped.train_function(state, iter(group))
-    monkeypatch.undo()
-    if name != "none":
-        assert float(logs["scored_fraction"]) > 0.0
-    assert np.isfinite(float(logs["loss"]))
-
-
-@pytest.mark.skipif(BACKEND != "jax", reason="JAX's pure train step")
-@pytest.mark.parametrize("name", list(_one_program_filters()))
 def test_steps_in_one_lax_scan_end_where_steps_one_at_a_time_do(name):
     """Keras's JAX trainer after 3.15 runs `steps_per_execution` steps in
     one `jax.lax.scan` (keras-team/keras#23527), one dispatch for N drawn
@@ -2249,13 +2217,13 @@ def test_tf_one_program_takes_the_graph_steps_decisions(name, monkeypatch):
     integer hash that both compute alike."""
     import tensorflow as tf
 
-    from keras_as_softmax.training import as_speed
+    from keras_as_softmax.training import _tensorflow
 
     def hashed_uniform(size, seed, counter):
         key = tf.range(size) * 7919 + counter * 104729 + seed
         return tf.cast(tf.math.floormod(key, 65536), "float32") / 65536.0
 
-    monkeypatch.setattr(as_speed, "stateless_uniform", hashed_uniform)
+    monkeypatch.setattr(_tensorflow, "stateless_uniform", hashed_uniform)
     n = 64
     x, y = sentence_data(n)
     inputs = filters.with_sample_ids(x) if name == "pair" else x
@@ -2273,7 +2241,7 @@ def test_tf_one_program_takes_the_graph_steps_decisions(name, monkeypatch):
         history = wrapped.fit(
             inputs, y, batch_size=8, epochs=3, shuffle=False, verbose=0
         )
-        state = wrapped.optimizer.variables + wrapped._filter_variables()
+        state = wrapped.optimizer.variables + wrapped.filter_engine.variables()
         results.append((wrapped, history.history, state))
     (one, one_logs, one_state), (graph, graph_logs, graph_state) = results
     assert min(one_logs["trained_fraction"]) < 1.0  # rows were left out
@@ -2330,7 +2298,7 @@ def test_weights_saved_by_0_5_13_resume_with_every_queued_row_full_size():
     store = {}
     saved.save_own_variables(store)
     variables = saved._trainable_variables + saved._non_trainable_variables
-    queue = saved._train_queue.buffers
+    queue = saved.filter_engine.train_queue.buffers
     (index,) = [
         i
         for i, v in enumerate(variables)
@@ -2346,10 +2314,12 @@ def test_weights_saved_by_0_5_13_resume_with_every_queued_row_full_size():
 
     restored = fitted(0)
     restored.load_own_variables(store)
-    loaded = ops.convert_to_numpy(restored._train_queue.buffers[0])
+    loaded = ops.convert_to_numpy(restored.filter_engine.train_queue.buffers[0])
     np.testing.assert_array_equal(loaded[:, :-1], full[:, :-1])
     np.testing.assert_array_equal(loaded[:, -1], 8.0)
-    assert int(ops.convert_to_numpy(restored._train_queue.count)) == 4
+    assert (
+        int(ops.convert_to_numpy(restored.filter_engine.train_queue.count)) == 4
+    )
     restored.fit(x, y, batch_size=8, epochs=1, verbose=0)
 
 
@@ -2381,9 +2351,11 @@ def test_a_file_of_0_5_19_loads_unless_its_rows_are_wide(width):
     restored = kas.ASSpeed(small_model(), sample_filter=filters.SkipMasked())
     if width < _layout.Layout.OWN_BUFFER_WIDTH:
         restored.load_own_variables(store)
-        assert len(restored._train_queue.buffers) == 2  # float32, int32
+        assert (
+            len(restored.filter_engine.train_queue.buffers) == 2
+        )  # float32, int32
         return
-    match = r"0\.5\.19.*\[\[4096\]\].*inner_model"
+    match = r"format 2.*\[\[4096\]\].*inner_model"
     with pytest.raises(ValueError, match=match):
         restored.load_own_variables(store)
 
@@ -2413,7 +2385,9 @@ def test_weights_taken_before_the_first_fit_restart_training(tmp_path, how):
         return wrapped.inner_model.get_weights()
 
     trained = fit()
-    assert int(ops.convert_to_numpy(wrapped._train_queue.count)) > 0
+    assert (
+        int(ops.convert_to_numpy(wrapped.filter_engine.train_queue.count)) > 0
+    )
     if how == "load_weights":
         wrapped.load_weights(path)
     else:  # which leaves the optimizer as it is, as Keras's does
@@ -2421,8 +2395,12 @@ def test_weights_taken_before_the_first_fit_restart_training(tmp_path, how):
         wrapped.compile(optimizer="adam", loss=kas.ASSoftmaxLoss(0.3))
     for ours, theirs in zip(wrapped.inner_model.get_weights(), initial_model):
         np.testing.assert_array_equal(ours, theirs)
-    assert int(ops.convert_to_numpy(wrapped._train_queue.count)) == 0
-    assert int(ops.convert_to_numpy(wrapped._score_queue.count)) == 0
+    assert (
+        int(ops.convert_to_numpy(wrapped.filter_engine.train_queue.count)) == 0
+    )
+    assert (
+        int(ops.convert_to_numpy(wrapped.filter_engine.score_queue.count)) == 0
+    )
     for ours, theirs in zip(fit(), trained):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
 

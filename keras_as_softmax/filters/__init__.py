@@ -23,6 +23,9 @@ each batch that `fit` draws, which samples go on to a training pass:
   sample_filter=[SkipMaskedLastSeen(n), SkipMasked()])`. The samples the
   first keeps are scored by the second.
 
+A filter of your own subclasses `ScoringFilter` or `MemoryFilter` and
+implements `select` (and, to keep state, `state_spec` and `observe`).
+
 The samples a filter keeps are queued in fixed-size buffers, and a
 training pass runs whenever a full batch of them is waiting, on exactly
 that many samples (Selective-Backprop's queue). Every shape is static, so
@@ -37,8 +40,11 @@ training (InfoBatch trains on everything for its last 12.5% of epochs).
 """
 
 from keras_as_softmax.filters.base import MemoryFilter
+from keras_as_softmax.filters.base import RowUpdate
 from keras_as_softmax.filters.base import SampleFilter
 from keras_as_softmax.filters.base import ScoringFilter
+from keras_as_softmax.filters.base import Seen
+from keras_as_softmax.filters.base import View
 from keras_as_softmax.filters.last_seen import InfoBatch
 from keras_as_softmax.filters.last_seen import LastSeenFilter
 from keras_as_softmax.filters.last_seen import SkipMaskedLastSeen
@@ -57,11 +63,14 @@ __all__ = [
     "InfoBatch",
     "LastSeenFilter",
     "MemoryFilter",
+    "RowUpdate",
     "SampleFilter",
     "ScoringFilter",
+    "Seen",
     "SelectiveBackprop",
     "SkipMasked",
     "SkipMaskedLastSeen",
+    "View",
     "attach_sample_ids",
     "index_dataset",
     "split_sample_ids",

@@ -9,9 +9,10 @@ filters without knowing their types:
   batch before training, `ScoringFilter`), or without a pass from what it
   remembers of each sample (`MemoryFilter`).
 * `needs_sample_ids` and `needs_draws`: the inputs it reads besides the
-  scores: sample ids (`with_sample_ids`, `index_dataset`) and uniform
-  draws that are a function of its `seed` and of the batch's index in
-  training, so a run is repeatable and a resumed run draws the same.
+  scores: sample ids (`with_sample_ids`, `index_dataset`; `fit` refuses
+  data without them) and uniform draws that are a function of its `seed`
+  and of the batch's index in training, so a run is repeatable and a
+  resumed run draws the same.
 * `needs_masking_loss`: whether it skips the samples whose loss is exactly
   0, which only an AS loss gives (`ASSpeed` then refuses other losses).
 * `state_spec()`: its state, `{name: (shape, dtype, initial value)}`.
@@ -20,6 +21,10 @@ filters without knowing their types:
 * `select(view, state)`: the one deciding method: `(keep, weight)`, bool
   and float32 per sample.
 * `observe(seen, state)`: the new state after a pass saw some samples.
+
+A step runs the memory filter first, on the drawn batch, and the scoring
+filter on what it keeps: a pass is worth running only on the samples that
+memory did not leave out. `as_list` checks that order.
 
 Every method is written in `keras.ops` on static shapes, so a filter runs
 inside one compiled step on every backend.
@@ -48,8 +53,12 @@ class View(NamedTuple):
             have loss exactly 0 (scoring filters only).
         counted: float32, 1.0 where the sample has a counted row (scoring
             filters only).
-        masked_with_margin: a function of a margin, the `sample_masked` of
-            the same AS loss with `delta + margin` (scoring filters only).
+        loss: the compiled loss (scoring filters only).
+        y_true, y_pred: the labels and the scoring pass's predictions
+            (scoring filters only), from which a filter may compute what
+            it needs beyond the loss's values.
+        counted_rows: bool, the counted rows, in the loss's row shape
+            (`[batch]`, or `[batch, tokens]`; scoring filters only).
     """
 
     ids: object
@@ -59,7 +68,10 @@ class View(NamedTuple):
     sample_loss: object = None
     sample_masked: object = None
     counted: object = None
-    masked_with_margin: object = None
+    loss: object = None
+    y_true: object = None
+    y_pred: object = None
+    counted_rows: object = None
 
 
 class RowUpdate(NamedTuple):
@@ -176,9 +188,22 @@ class ScoringFilter(SampleFilter):
 
 class MemoryFilter(SampleFilter):
     """A filter that decides without a pass, from what it remembers of
-    each sample (its state holds one value per sample id)."""
+    each sample (its state holds one value per sample id).
+
+    Args:
+        num_samples: the size of the training set: sample ids are in
+            `[0, num_samples)`, which `fit` checks before training.
+        warmup_epochs, anneal_fraction: as in `SampleFilter`.
+    """
 
     needs_sample_ids = True
+
+    def __init__(self, num_samples, warmup_epochs=1, anneal_fraction=0.0):
+        super().__init__(warmup_epochs, anneal_fraction)
+        self.num_samples = check_int(num_samples, "num_samples", 1)
+
+    def get_config(self):
+        return {"num_samples": self.num_samples, **super().get_config()}
 
     def masked_when_seen(self, state):
         """float32 per sample: 1.0 where masked when last seen."""
@@ -205,10 +230,11 @@ def as_list(sample_filter):
     kinds = ["score" if f.scores else "memory" for f in filters]
     if kinds not in ([], ["score"], ["memory"], ["memory", "score"]):
         raise ValueError(
-            "Expected at most two filters: one that decides without a pass "
-            "(SkipMaskedLastSeen or InfoBatch) first, then one that scores "
-            "(SkipMasked or SelectiveBackprop), as in "
-            "[SkipMaskedLastSeen(n), SkipMasked()]. "
+            "Expected at most two filters: a MemoryFilter (such as "
+            "SkipMaskedLastSeen or InfoBatch) first, which leaves samples "
+            "out without a pass, then a ScoringFilter (such as SkipMasked "
+            "or SelectiveBackprop), which scores what the first kept, as "
+            "in [SkipMaskedLastSeen(n), SkipMasked()]. "
             f"Received: sample_filter={filters!r}"
         )
     return filters

@@ -44,8 +44,7 @@ class LastSeenFilter(MemoryFilter):
         warmup_epochs=1,
         anneal_fraction=0.0,
     ):
-        super().__init__(warmup_epochs, anneal_fraction)
-        self.num_samples = check_int(num_samples, "num_samples", 1)
+        super().__init__(num_samples, warmup_epochs, anneal_fraction)
         self.revisit = check_fraction(revisit, "revisit")
         if self.revisit == 0.0:
             raise ValueError(

@@ -88,7 +88,7 @@ class SkipMasked(ScoringFilter):
     def select(self, view, state):
         masked = view.sample_masked
         if self.score_margin:
-            masked = view.masked_with_margin(self.score_margin)
+            masked = _masked_with_margin(view, self.score_margin)
         return masked < 0.5, ops.ones_like(masked)
 
     def observe(self, seen, state):
@@ -106,3 +106,15 @@ class SkipMasked(ScoringFilter):
             "score_training": self.score_training,
             "score_margin": self.score_margin,
         }
+
+
+def _masked_with_margin(view, margin):
+    """1.0 where every counted row of a sample has a loss of exactly 0 under
+    the same AS loss at `delta + margin` (at most 1)."""
+    loss = view.loss
+    delta = ops.minimum(ops.convert_to_tensor(loss.delta) + margin, 1.0)
+    values = loss.row_values(view.y_true, view.y_pred, delta=delta)
+    left = ops.logical_and(view.counted_rows, ops.not_equal(values, 0.0))
+    while len(left.shape) > 1:
+        left = ops.any(left, axis=-1)
+    return ops.cast(ops.logical_not(left), "float32")

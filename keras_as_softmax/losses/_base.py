@@ -68,6 +68,17 @@ class PerRowLoss(keras.losses.Loss):
         set_keras_mask(values, None)
         return values
 
+    def row_values(self, y_true, y_pred, **overrides):
+        """The per-row values, float32, with some keyword arguments of
+        `fn` overridden (`delta=0.5`): what the same loss with other
+        settings would give, for a filter that needs it."""
+        y_true = keras.tree.map_structure(
+            lambda t: ops.convert_to_tensor(t, dtype=self.dtype), y_true
+        )
+        y_pred = ops.convert_to_tensor(y_pred, dtype=self.dtype)
+        kwargs = {**self._fn_kwargs, **overrides}
+        return ops.cast(self.fn(y_true, y_pred, **kwargs), "float32")
+
     def __call__(self, y_true, y_pred, sample_weight=None):
         rows = ops.shape(y_pred)[:-1]
         if sample_weight is not None:

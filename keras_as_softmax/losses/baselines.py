@@ -177,7 +177,7 @@ def _sorted_desc(x):
 def _cumsum(x):
     """`ops.cumsum` along the last axis, in `x`'s dtype.
 
-    On PyTorch, Keras 3.15's `cumsum` computes float64 input in float32 (its
+    On PyTorch, Keras's `cumsum` computes float64 input in float32 (its
     `result_type` of float64 is float32, as `maximum(x, 0.0)`'s, hence
     `relu` below), so there the sum is torch's own.
     """

@@ -199,7 +199,7 @@ def multilabel_as_softmax_cross_entropy(y_true, y_pred, delta=0.05):
     # instead of 1: only rows whose every logit is clipped from below can
     # tell, and there every e is 1. (-1e-45, not 0: XLA would share a
     # [..., C] zero with the gradient and write it out. The cast undoes
-    # Keras 3.15's float32 result of `minimum` on torch.)
+    # the float32 result of Keras's `minimum` on torch.)
     total = _row_sum(ops.exp(ops.cast(ops.minimum(x - top, -1e-45), x.dtype)))
     total = ops.where(
         top > -_common._LOGIT_LIMIT, total, ops.cast(ops.shape(x)[-1], x.dtype)

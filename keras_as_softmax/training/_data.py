@@ -10,6 +10,9 @@ import types
 import keras
 import numpy as np
 
+from keras_as_softmax import filters
+from keras_as_softmax.filters.sample_ids import text_as_arrays
+
 
 def kind(x):
     """What the data `x` given to `fit` is: "tf.data.Dataset",
@@ -128,3 +131,88 @@ def _slice(structure, start, stop, expected):
         return a[start:stop]
 
     return keras.tree.map_structure(take, structure)
+
+
+def preprocessed(preprocessor, x, y, sample_weight, batch_size, shuffle=False):
+    """The data as a dataset of preprocessed batches, where the wrapped
+    task has a preprocessor. Arrays are batched here and shuffled as
+    `shuffle` says (`fit`'s: `True` the samples at each epoch, `"batch"`
+    the batches), where keras-hub's own `fit` keeps their order."""
+    if preprocessor is None or x is None:
+        return x, y, sample_weight
+    import tensorflow as tf
+
+    if not isinstance(x, tf.data.Dataset):
+        data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+        x = tf.data.Dataset.from_tensor_slices(data)
+        if shuffle is True:
+            x = x.shuffle(x.cardinality(), reshuffle_each_iteration=True)
+        x = x.batch(batch_size or 32)
+        if shuffle == "batch":
+            x = x.shuffle(x.cardinality(), reshuffle_each_iteration=True)
+
+    # The id helpers hold no tensor control flow, so AutoGraph leaves
+    # them as they are (its cache of converted functions has called a
+    # converted `attach_sample_ids` for `split_sample_ids` late in a
+    # long test session).
+    split_ids = tf.autograph.experimental.do_not_convert(
+        filters.split_sample_ids
+    )
+    attach_ids = tf.autograph.experimental.do_not_convert(
+        filters.attach_sample_ids
+    )
+
+    def preprocess(*element):
+        inputs, ids = split_ids(element[0])
+        out = preprocessor(inputs, *element[1:])
+        if ids is None:
+            return out
+        if not isinstance(out, tuple):
+            out = (out,)
+        return (attach_ids(out[0], ids), *out[1:])
+
+    x = x.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+    return x.prefetch(tf.data.AUTOTUNE), None, None
+
+
+def with_hub_validation(preprocessor, args):
+    """`fit`'s `args` for a keras-hub task, before the filters read them:
+    arrays of raw strings as arrays, a validation split taken from them
+    (the preprocessor makes a dataset, which Keras cannot split; keras-hub's
+    tasks split first too), and the validation data preprocessed."""
+    args = dict(args, x=text_as_arrays(args["x"]))
+    split = args.get("validation_split")
+    if split and args.get("validation_data") is None:
+        (x, y, weight), args["validation_data"] = split_validation(
+            args["x"], args.get("y"), args.get("sample_weight"), split
+        )
+        args.update(x=x, y=y, sample_weight=weight, validation_split=0.0)
+    data = args.get("validation_data")
+    if data is not None:
+        data = (
+            keras.utils.unpack_x_y_sample_weight(data)
+            if isinstance(data, tuple)
+            else (data, None, None)
+        )
+        batch = args.pop("validation_batch_size", None) or args["batch_size"]
+        args["validation_data"] = preprocessed(preprocessor, *data, batch)[0]
+    return args
+
+
+def with_hub_training(preprocessor, args):
+    """`fit`'s `args` for a keras-hub task, the training data preprocessed
+    into batches: arrays are batched and shuffled here, as `shuffle` says,
+    where keras-hub's own `fit` keeps their order."""
+    arrays = kind(args["x"]) == "arrays"
+    x, y, weight = preprocessed(
+        preprocessor,
+        args["x"],
+        args.get("y"),
+        args.get("sample_weight"),
+        args["batch_size"],
+        args.get("shuffle", True),
+    )
+    args = dict(args, x=x, y=y, sample_weight=weight, batch_size=None)
+    if arrays:  # shuffled as batched: not for Keras to ignore
+        args["shuffle"] = False
+    return args

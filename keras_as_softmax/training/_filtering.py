@@ -67,7 +67,7 @@ class StepOutput(NamedTuple):
 
     def metric_args(self, inputs):
         """`(x, y, y_pred, sample_weight, covered)` for the step's
-        metrics (`ASSpeed._step_metrics`)."""
+        metrics (`step_shares.update_step_metrics`)."""
         return inputs, self.y, self.y_pred, self.metric_weight, self.covered
 
 
@@ -141,22 +141,17 @@ def check_no_keras_mask(loss, outputs, names=()):
     return masked
 
 
-def row_values(loss, y, y_pred, margin=0.0):
-    """The loss's per-row values, computed as `Loss.__call__` would; with
-    a `margin`, those of the same AS loss with `delta + margin` (at most
-    1). The passes that make `y_pred` check its Keras mask first
-    (`ASSpeed._check_step_outputs`)."""
+def row_values(loss, y, y_pred):
+    """The loss's per-row values, float32, computed as `Loss.__call__`
+    would. The passes that make `y_pred` check its Keras mask first
+    (`_checks.check_step_outputs`)."""
     y = keras.tree.map_structure(
         lambda t: ops.convert_to_tensor(t, dtype=loss.dtype), y
     )
     y_pred = keras.tree.map_structure(
         lambda t: ops.convert_to_tensor(t, dtype=loss.dtype), y_pred
     )
-    if not margin:
-        return ops.cast(loss.call(y, y_pred), "float32")
-    delta = ops.minimum(ops.convert_to_tensor(loss.delta) + margin, 1.0)
-    kwargs = {**loss._fn_kwargs, "delta": delta}
-    return ops.cast(loss.fn(y, y_pred, **kwargs), "float32")
+    return ops.cast(loss.call(y, y_pred), "float32")
 
 
 def penalty(model, losses):
@@ -321,16 +316,14 @@ def _apply_weight(rows, go, keep, weight):
     return keep, rows._replace(coefficients=coefficients)
 
 
-def _drawn_rows(model, x, y, sample_weight, ids):
+def _drawn_rows(loss, row_tail, x, y, sample_weight, ids):
     """The drawn batch as `Rows`, each with its coefficient in the batch's
     loss, none counted yet."""
     x_leaves = keras.tree.flatten(x)
     y_leaves = keras.tree.flatten(y)
     batch = ops.shape(x_leaves[0])[0]
-    row_shape = (batch, *model._row_tail)
-    coefficients = row_coefficients(
-        model.loss, y_leaves[0], sample_weight, row_shape
-    )
+    row_shape = (batch, *row_tail)
+    coefficients = row_coefficients(loss, y_leaves[0], sample_weight, row_shape)
     metric_weight = (
         ops.ones(row_shape, "float32")
         if sample_weight is None
@@ -362,22 +355,18 @@ def _memory_skipped(rows, keep):
 def _scoring_view(loss, rows, y, y_pred, go, draws, epoch, epochs):
     """`(view, counted, masked, values)` of a scoring pass over `rows`."""
     counted, masked, values = _pass_flags(loss, rows, y, y_pred, go)
-    sample_masked = _sample_masked(counted, masked)
-
-    def masked_with_margin(margin):
-        strict = row_values(loss, y, y_pred, margin)
-        strict = ops.logical_and(counted, ops.equal(strict, 0.0))
-        return _sample_masked(counted, strict)
-
     view = View(
         rows.ids,
         draws,
         epoch,
         epochs,
         sample_loss=_sample_loss(counted, values),
-        sample_masked=sample_masked,
+        sample_masked=_sample_masked(counted, masked),
         counted=_sample_counted(counted),
-        masked_with_margin=masked_with_margin,
+        loss=loss,
+        y_true=y,
+        y_pred=y_pred,
+        counted_rows=counted,
     )
     return view, counted, masked, values
 
@@ -410,33 +399,42 @@ def _pass_counts(rows, ran, counted, masked, values, epoch):
 
 
 def filtered_step(
-    model, state, x, y, sample_weight, ids, draws, hooks, queue_ops=_queue
+    engine,
+    loss,
+    state,
+    x,
+    y,
+    sample_weight,
+    ids,
+    draws,
+    hooks,
+    queue_ops=_queue,
 ):
     """One train step with filters.
 
     Args:
-        model: the `ASSpeed` model (its `sample_filters`, `loss`,
-            `batch_size`, epoch variables).
+        engine: the `FilterEngine` (its filters, queue layout and size,
+            epoch schedule).
+        loss: the compiled loss.
         state: a `FilterState`.
         x, y, sample_weight: the drawn batch.
         ids: int32 `[batch]` sample ids, or None.
         draws: a function `(filter index, size) -> float32 [size]` of
             uniform draws for the filters that need them.
-        hooks: the backend's passes, see `_tensorflow.py` / `_jax.py`.
+        hooks: the backend's passes (`filter_engine.Hooks`).
         queue_ops: the queues' `push_pop`: `_queue`'s, or the same for
             eager steps (`_torch.EagerQueue`).
 
     Returns:
         `(StepOutput, FilterState)`.
     """
-    filters = model.sample_filters
+    filters = engine.filters
     states = list(state.states)
     memory_at = [i for i, f in enumerate(filters) if not f.scores]
     scoring_at = [i for i, f in enumerate(filters) if f.scores]
-    loss = model.loss
-    size = model._filter_batch_size
-    layout = model._queue_layout
-    rows = _drawn_rows(model, x, y, sample_weight, ids)
+    size = engine.batch_size
+    layout = engine.layout
+    rows = _drawn_rows(loss, engine.row_tail, x, y, sample_weight, ids)
     batch = ops.shape(rows.ids)[0]
     n_x, n_y = len(rows.x), len(rows.y)
 
@@ -449,7 +447,7 @@ def filtered_step(
         rows = Rows.unflat(layout.unpack(popped), n_x, n_y)
         return rows, ready, queue
 
-    epoch, epochs = model._epoch_state()
+    epoch, epochs = engine.epoch_state()
     count_all = ops.zeros((), "float32")
     count_masked = ops.zeros((), "float32")
     ready = None

@@ -9,7 +9,8 @@ run inside `jax.lax.cond`, whose untaken branch XLA skips. Nothing is read
 back to the host.
 
 With `steps_per_execution=N`, N drawn batches run in one `jax.lax.scan`,
-one dispatch, as Keras's own trainer does after 3.15 (`_make_function`).
+one dispatch, as Keras's own trainer does in its later releases
+(`_make_function`).
 """
 
 import itertools
@@ -18,8 +19,8 @@ import jax
 import keras
 from keras.src.backend.jax import trainer as keras_jax_trainer
 
-from keras_as_softmax import filters
 from keras_as_softmax.training import _filtering
+from keras_as_softmax.training import _step
 
 
 def stateless_uniform(size, seed, counter):
@@ -28,8 +29,9 @@ def stateless_uniform(size, seed, counter):
     return jax.random.uniform(key, (size,))
 
 
-# Keras after 3.15 runs a group of `steps_per_execution` batches in one
-# `lax.scan` itself (keras-team/keras#23527); 3.15 loops on the host.
+# Keras releases with keras-team/keras#23527 run a group of
+# `steps_per_execution` batches in one `lax.scan` themselves; earlier ones
+# loop on the host.
 KERAS_SCANS_STEPS = hasattr(keras_jax_trainer, "_build_multi_step_scan")
 
 
@@ -86,6 +88,7 @@ class _Hooks:
         self.trainable = list(trainable)
         self.non_trainable = list(non_trainable)
         self.optimizer_variables = optimizer_variables
+        self.engine = model.filter_engine
         inner = {id(v) for v in model.inner_model.non_trainable_variables}
         self.pass_index = [
             i
@@ -143,9 +146,7 @@ class _Hooks:
         return self._full(self.state)
 
     def _no_output(self, x):
-        model = self.model
-        rows = keras.tree.flatten(x)[0].shape[0]
-        return keras.ops.zeros((rows, *model._output_tail), model._output_dtype)
+        return self.engine.no_output(keras.tree.flatten(x)[0].shape[0])
 
     def _full(self, state):
         values = list(self.non_trainable)
@@ -166,7 +167,7 @@ class _Hooks:
             self._full(state),
             x,
             return_losses=True,
-            training=model._score_training,
+            training=self.engine.score_training,
         )
         state = [
             new if keep else old
@@ -187,7 +188,7 @@ class _Hooks:
             y_pred, updated, losses = model.stateless_call(
                 trainable, non_trainable, x, return_losses=True, training=True
             )
-            model._check_step_outputs(y_pred)
+            model.check_step_outputs(y_pred)
             values = _filtering.row_values(model.loss, y, y_pred)
             penalty = _filtering.penalty(model, losses)
             loss = keras.ops.sum(coefficients * values) + penalty
@@ -201,6 +202,96 @@ class _Hooks:
         return (grads, y_pred, values, loss), self._changed(updated)
 
 
+class _Step:
+    """The stages of `_step.train_step` on JAX, as pure functions of the
+    state `(trainable, non_trainable, optimizer, metrics)` values, which
+    each stage replaces."""
+
+    def __init__(self, model, state):
+        self.model = model
+        (
+            self.trainable,
+            non_trainable,
+            self.optimizer_vars,
+            self.metrics_vars,
+        ) = state
+        self.non_trainable = list(non_trainable)
+
+    @property
+    def state(self):
+        return (
+            self.trainable,
+            self.non_trainable,
+            self.optimizer_vars,
+            self.metrics_vars,
+        )
+
+    def filtered(self, x, y, sample_weight):
+        model = self.model
+        hooks = _Hooks(
+            model, self.trainable, self.non_trainable, self.optimizer_vars
+        )
+        mapping = list(zip(model.trainable_variables, self.trainable))
+        mapping += zip(model.non_trainable_variables, self.non_trainable)
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            inputs, output = model.filter_engine.step(
+                model.loss, x, y, sample_weight, hooks, stateless_uniform
+            )
+        index = {id(v): i for i, v in enumerate(model.non_trainable_variables)}
+        self.non_trainable = hooks.merged_non_trainable()
+        for v in model.filter_engine.variables():
+            self.non_trainable[index[id(v)]] = scope.get_current_value(v)
+        self.optimizer_vars = model.optimizer.stateless_with_window(
+            self.optimizer_vars, hooks.window
+        )
+        return _step.filtered_result(inputs, output)
+
+    def plain(self, x, y, sample_weight):
+        model = self.model
+        grad_fn = jax.value_and_grad(
+            model.compute_loss_and_updates, has_aux=True
+        )
+        (_, aux), grads = grad_fn(
+            self.trainable,
+            self.non_trainable,
+            self.metrics_vars,
+            x,
+            y,
+            sample_weight,
+            training=True,
+            optimizer_variables=self.optimizer_vars,
+        )
+        loss, y_pred, non_trainable, self.metrics_vars = aux
+        self.non_trainable = list(non_trainable)
+        counts = model.count_masked(y, y_pred, sample_weight)
+        batch = keras.tree.flatten(x)[0].shape[0]
+        return _step.plain_result(
+            grads, counts, loss, batch, x, y, y_pred, sample_weight
+        )
+
+    def apply(self, result):
+        self.trainable, self.optimizer_vars = (
+            self.model.optimizer.stateless_apply(
+                self.optimizer_vars,
+                result.grads,
+                self.trainable,
+                rows=result.rows,
+                masked_rows=result.masked,
+            )
+        )
+
+    def logs(self, result):
+        model = self.model
+        mapping = list(zip(model.metrics_variables, self.metrics_vars))
+        mapping += zip(model.optimizer.variables, self.optimizer_vars)
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            logs = _step.update_logs(model, result)
+        self.metrics_vars = [
+            scope.get_current_value(v) for v in model.metrics_variables
+        ]
+        return logs
+
+
 class ASSpeedTrainer:
     """`train_step` of `ASSpeed` on JAX: Keras's own `make_train_function`
     compiles it into one program (`jax.jit` with the state donated)."""
@@ -209,8 +300,7 @@ class ASSpeedTrainer:
         # Keras's JAX `fit` and `evaluate` keep each step's state arrays in
         # `_jax_state`, for a callback to sync. `Layer.__setattr__` would
         # walk that dict for variables to track (there are none) on every
-        # step, at a host cost that grows with the arrays: 0.7-0.8 ms for
-        # MiniLM's 335 (`lab/state_tracking.py`).
+        # step, at a host cost that grows with the number of arrays.
         if name == "_jax_state":
             object.__setattr__(self, name, value)
         else:
@@ -222,10 +312,10 @@ class ASSpeedTrainer:
             """Keras's `iterator_step`, with each full group of
             `steps_per_execution` batches in one `jax.lax.scan`.
 
-            Keras 3.15's `fit` dispatches each batch's compiled step from a
-            Python loop, at a host cost (a few milliseconds at MiniLM's
-            size) that a GPU's step can fall to once the filters skip its
-            passes; the scan pays it once a group. A group of fewer
+            Keras's `fit` (before keras-team/keras#23527) dispatches each
+            batch's compiled step from a Python loop, at a host cost that
+            a GPU's step can fall to once the filters skip its passes; the
+            scan pays it once a group. A group of fewer
             batches (an epoch's last) or of unequal shapes (one holding the
             epoch's short last batch) goes to Keras's loop over the
             compiled step.
@@ -252,75 +342,9 @@ class ASSpeedTrainer:
             return iterator_step
 
     def train_step(self, state, data):
-        trainable, non_trainable, optimizer_vars, metrics_vars = state
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        index = {id(v): i for i, v in enumerate(self.non_trainable_variables)}
-        non_trainable = list(non_trainable)
-
-        if self.sample_filters:
-            hooks = _Hooks(self, trainable, non_trainable, optimizer_vars)
-            mapping = list(zip(self.trainable_variables, trainable)) + list(
-                zip(self.non_trainable_variables, non_trainable)
-            )
-            with keras.StatelessScope(state_mapping=mapping) as scope:
-                inputs, output = self._filtered_step(x, y, sample_weight, hooks)
-            non_trainable = hooks.merged_non_trainable()
-            for v in self._filter_variables():
-                non_trainable[index[id(v)]] = scope.get_current_value(v)
-            optimizer_vars = self.optimizer.stateless_with_window(
-                optimizer_vars, hooks.window
-            )
-            grads, rows, masked = output.grads, output.rows, output.masked_rows
-            loss_value, loss_weight = output.loss, output.loss_weight
-            metric_args = output.metric_args(inputs)
-            trained, scored = output.trained, output.scored
-        else:
-            grad_fn = jax.value_and_grad(
-                self.compute_loss_and_updates, has_aux=True
-            )
-            (_, aux), grads = grad_fn(
-                trainable,
-                non_trainable,
-                metrics_vars,
-                x,
-                y,
-                sample_weight,
-                training=True,
-                optimizer_variables=optimizer_vars,
-            )
-            loss_value, y_pred, non_trainable, metrics_vars = aux
-            non_trainable = list(non_trainable)
-            masked, rows = self._count_masked(y, y_pred, sample_weight)
-            loss_weight = keras.tree.flatten(x)[0].shape[0]
-            metric_args = (x, y, y_pred, sample_weight, None)
-            trained, scored = 1.0, None
-
-        trainable, optimizer_vars = self.optimizer.stateless_apply(
-            optimizer_vars, grads, trainable, rows=rows, masked_rows=masked
-        )
-
-        metrics_mapping = list(zip(self.metrics_variables, metrics_vars))
-        optimizer_mapping = list(zip(self.optimizer.variables, optimizer_vars))
-        with keras.StatelessScope(
-            state_mapping=metrics_mapping + optimizer_mapping
-        ) as scope:
-            self._loss_tracker.update_state(
-                loss_value, sample_weight=loss_weight
-            )
-            logs = self._step_metrics(
-                *metric_args,
-                counts=(masked, rows),
-                trained=trained,
-                scored=scored,
-            )
-        metrics_vars = [
-            scope.get_current_value(v) for v in self.metrics_variables
-        ]
-        return logs, (trainable, non_trainable, optimizer_vars, metrics_vars)
+        step = _Step(self, state)
+        logs = _step.train_step(step, data)
+        return logs, step.state
 
     def test_step(self, state, data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        x, _ = filters.split_sample_ids(x)
-        return super().test_step(
-            state, keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
-        )
+        return super().test_step(state, _step.without_ids(data))

@@ -52,15 +52,15 @@ def in_place(dtype, device):
 def reads_first(reads, buffers):
     """`(reads, buffers)` as they are, the reads ordered before any write
     to the buffers. XLA updates a donated buffer in place only where it
-    can order the reads of it before the write: without the order, jaxlib
-    0.12 on a CPU copies the buffer whole, twice, and an optimization
-    barrier spares the copies (0.10.2 copies either way)."""
+    can order the reads of it before the write: without the order, recent
+    jaxlib releases on a CPU copy the buffer whole, twice, and an
+    optimization barrier spares the copies."""
     if keras.backend.backend() != "jax":
         return reads, buffers
     import jax
 
-    # Public from jax 0.4.32; without it the reads stay as they are (a
-    # copy, not another result).
+    # Older jax releases lack it: there the reads stay as they are (a copy,
+    # not another result).
     barrier = getattr(jax.lax, "optimization_barrier", None)
     if barrier is None:
         return reads, buffers

@@ -2,11 +2,10 @@
 
 import contextlib
 
-import keras
 import tensorflow as tf
 
-from keras_as_softmax import filters
 from keras_as_softmax.training import _filtering
+from keras_as_softmax.training import _step
 
 
 def is_multi_worker(strategy):
@@ -22,7 +21,7 @@ def local_batch(iterator, strategy):
     """The first batch of a Keras `TFEpochIterator`, as the first local
     replica sees it.
 
-    Keras 3.15's `fit` builds the model from a probe batch that it averages
+    Keras's `fit` builds the model from a probe batch that it averages
     over replicas with `strategy.reduce`, which `MultiWorkerMirroredStrategy`
     cannot do eagerly (keras-team/keras#20585); the probe only needs
     shapes, which one replica's batch has.
@@ -40,7 +39,7 @@ def local_batch(iterator, strategy):
 
 
 def multi_worker_logs(logs):
-    """A step's logs, ready for Keras 3.15's reduction across workers.
+    """A step's logs, ready for Keras's reduction across workers.
 
     Under `MultiWorkerMirroredStrategy`, Keras averages the logs over
     workers along axis 0, which a scalar lacks (keras-team/keras#20585):
@@ -80,6 +79,7 @@ class _Hooks:
 
     def __init__(self, model, context=None, accumulate=None):
         self.model = model
+        self.engine = model.filter_engine
         # With `accumulate` (the optimizer's), the branch that runs the
         # training pass adds its gradients to the window's sums in place, so
         # a drawn batch without a training pass moves no gradient-sized
@@ -137,16 +137,14 @@ class _Hooks:
         return grads, self.gather(y_pred), self.gather(values), loss
 
     def _no_output(self, x):
-        model = self.model
-        rows = _batch_size(x)
-        return tf.zeros((rows, *model._output_tail), model._output_dtype)
+        return self.engine.no_output(_batch_size(x))
 
     def _local(self, rows):
         """This replica's slice of the global batch's rows."""
         if self.context is None:
             return rows
         context = self.context
-        size = self.model._filter_batch_size // context.num_replicas_in_sync
+        size = self.engine.batch_size // context.num_replicas_in_sync
         start = context.replica_id_in_sync_group * size
         return tf.nest.map_structure(lambda t: t[start : start + size], rows)
 
@@ -165,7 +163,7 @@ class _Hooks:
         dropout's seed state is left to advance. In inference mode with
         `SkipMasked(score_training=False)`."""
         model = self.model
-        if not model._score_training:
+        if not self.engine.score_training:
             y_pred = model(x, training=False)
             return tf.identity(y_pred), self._score_penalty()
         saved_variables = [
@@ -191,7 +189,7 @@ class _Hooks:
         variables = model.trainable_variables
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            model._check_step_outputs(y_pred)
+            model.check_step_outputs(y_pred)
             values = _filtering.row_values(model.loss, y, y_pred)
             penalty = _filtering.penalty(model, model.losses)
             loss = tf.reduce_sum(coefficients * values) + penalty
@@ -235,8 +233,8 @@ def xla_passes(model):
     `xla_unreachable`, which makes every step a graph). One program, its
     conditionals decided on the device, is the default on a GPU or TPU.
     On CPUs the graph is the faster, by far at MiniLM's shape: XLA's CPU
-    backend runs conditionals slowly (`benchmarks/RESULTS.md`, step
-    overhead). Under several replicas the graph stays: on two logical
+    backend runs conditionals slowly (measured as the step overhead).
+    Under several replicas the graph stays: on two logical
     CPUs, one program could not reach the second replica's variables.
     The two take the same decisions, except that TensorFlow's stateless
     random ops draw other numbers from one key under XLA. The model's
@@ -268,6 +266,77 @@ def xla_unreachable(model):
     return strategy.num_replicas_in_sync > 1 and runs_on_cpus(strategy)
 
 
+class _Step:
+    """The stages of `_step.train_step` on TensorFlow, in replica context
+    under a `tf.distribute` strategy."""
+
+    def __init__(self, model):
+        self.model = model
+        self.replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        self.context = tf.distribute.get_replica_context()
+
+    def filtered(self, x, y, sample_weight):
+        model = self.model
+        if self.replicas > 1:
+            # One global queue: every replica sees the whole batch and
+            # takes the same decisions, as one device would.
+            hooks = _Hooks(model, self.context)
+            gather = hooks.gather
+        else:
+            if not model.optimizer.built:
+                # Keras builds it in the step's first trace.
+                model.optimizer.build(model.trainable_variables)
+            hooks = _Hooks(model, accumulate=model.optimizer.accumulate)
+            gather = None
+        inputs, output = model.filter_engine.step(
+            model.loss, x, y, sample_weight, hooks, stateless_uniform, gather
+        )
+        return _step.filtered_result(inputs, output)
+
+    def plain(self, x, y, sample_weight):
+        model = self.model
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            # Divided by the number of replicas, like every Keras loss.
+            loss = model.compute_loss(
+                x=x,
+                y=y,
+                y_pred=y_pred,
+                sample_weight=sample_weight,
+                training=True,
+            )
+            scaled_loss = model.optimizer.scale_loss(loss)
+        variables = model.trainable_variables
+        grads = _dense_grads(tape.gradient(scaled_loss, variables), variables)
+        counts = model.count_masked(y, y_pred, sample_weight)
+        if self.replicas > 1:  # the rule counts the global batch
+            counts = self.context.all_reduce("sum", list(counts))
+        return _step.plain_result(
+            grads,
+            counts,
+            loss * self.replicas,
+            _batch_size(x),
+            x,
+            y,
+            y_pred,
+            sample_weight,
+        )
+
+    def apply(self, result):
+        # Under several replicas a filtered step's gradients are zeros
+        # where no training pass ran: they bring no gradient to the window.
+        self.model.optimizer.apply(
+            result.grads,
+            self.model.trainable_variables,
+            rows=result.rows,
+            masked_rows=result.masked,
+            from_pass=tf.convert_to_tensor(result.trained) > 0.5,
+        )
+
+    def logs(self, result):
+        return multi_worker_logs(_step.update_logs(self.model, result))
+
+
 class ASSpeedTrainer:
     """`train_step` and `test_step` of `ASSpeed` on TensorFlow."""
 
@@ -296,75 +365,10 @@ class ASSpeedTrainer:
             self._jit_compile = jit_compile
 
     def train_step(self, data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        context = tf.distribute.get_replica_context()
-        if self.sample_filters:
-            if replicas > 1:
-                # One global queue: every replica sees the whole batch and
-                # takes the same decisions, as one device would.
-                hooks = _Hooks(self, context)
-                gather = hooks.gather
-            else:
-                if not self.optimizer.built:
-                    # Keras builds it in the step's first trace.
-                    self.optimizer.build(self.trainable_variables)
-                hooks = _Hooks(self, accumulate=self.optimizer.accumulate)
-                gather = None
-            inputs, output = self._filtered_step(
-                x, y, sample_weight, hooks, gather
-            )
-            grads, rows, masked = output.grads, output.rows, output.masked_rows
-            metric_args = output.metric_args(inputs)
-            trained, scored = output.trained, output.scored
-            self._loss_tracker.update_state(
-                output.loss, sample_weight=output.loss_weight
-            )
-        else:
-            with tf.GradientTape() as tape:
-                y_pred = self(x, training=True)
-                # Divided by the number of replicas, like every Keras loss.
-                loss = self.compute_loss(
-                    x=x,
-                    y=y,
-                    y_pred=y_pred,
-                    sample_weight=sample_weight,
-                    training=True,
-                )
-                scaled_loss = self.optimizer.scale_loss(loss)
-            variables = self.trainable_variables
-            grads = _dense_grads(
-                tape.gradient(scaled_loss, variables), variables
-            )
-            masked, rows = self._count_masked(y, y_pred, sample_weight)
-            if replicas > 1:  # the rule counts the global batch
-                masked, rows = context.all_reduce("sum", [masked, rows])
-            metric_args = (x, y, y_pred, sample_weight, None)
-            trained, scored = tf.constant(1.0), None
-            self._loss_tracker.update_state(
-                loss * replicas, sample_weight=_batch_size(x)
-            )
-        # Under several replicas a filtered step's gradients are zeros
-        # where no training pass ran: they bring no gradient to the window.
-        self.optimizer.apply(
-            grads,
-            self.trainable_variables,
-            rows=rows,
-            masked_rows=masked,
-            from_pass=trained > 0.5,
-        )
-        logs = self._step_metrics(
-            *metric_args, counts=(masked, rows), trained=trained, scored=scored
-        )
-        return multi_worker_logs(logs)
+        return _step.train_step(_Step(self), data)
 
     def test_step(self, data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        x, _ = filters.split_sample_ids(x)
-        logs = super().test_step(
-            keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
-        )
-        return multi_worker_logs(logs)
+        return multi_worker_logs(super().test_step(_step.without_ids(data)))
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         if iterator is not None and is_multi_worker(self.distribute_strategy):

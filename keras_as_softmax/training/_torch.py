@@ -26,6 +26,7 @@ from keras import ops
 from keras_as_softmax import filters
 from keras_as_softmax.training import _filtering
 from keras_as_softmax.training import _queue
+from keras_as_softmax.training import _step
 
 _MASK32 = 0xFFFFFFFF
 
@@ -72,28 +73,6 @@ def check_not_distributed():
         )
 
 
-def add_to(variable, values):
-    """Adds `values` (scalar tensors or Python numbers) to the vector
-    `variable` in place, with one stack: `keras.ops` would convert and
-    check each value, and `assign_add` the sum, at several times the cost
-    of the arithmetic in an eager step."""
-    total = variable.value
-    total.add_(
-        torch.stack(
-            [
-                torch.as_tensor(v, dtype=total.dtype, device=total.device)
-                for v in values
-            ]
-        )
-    )
-
-
-def divide_counts(numerator, denominator):
-    """`numerator / denominator` of whole counts, 0 where the denominator
-    is 0 (as `divide_no_nan`, in two tensor operations)."""
-    return numerator / torch.clamp(denominator, min=1.0)
-
-
 def _batch_size(x):
     return next(t for t in keras.tree.flatten(x) if t is not None).shape[0]
 
@@ -137,7 +116,7 @@ def _recorded_rows(loss):
 def _counts(model, recorded, y, y_pred, sample_weight):
     """`(masked, counted)` rows of the step, as float32 scalars."""
     if model.masked_outputs or len(recorded) != 1:
-        return model._count_masked(y, y_pred, sample_weight)
+        return model.count_masked(y, y_pred, sample_weight)
     y_true, values = recorded[0]
     counted, masked, _ = _filtering.row_flags(
         model.loss, y_true, ops.cast(values, "float32"), sample_weight
@@ -212,7 +191,7 @@ class _Hooks:
         variables = model.trainable_variables
         with torch.enable_grad():
             y_pred = model.inner_model(x, training=True)
-            model._check_step_outputs(y_pred)
+            model.check_step_outputs(y_pred)
             model.zero_grad()
             values = _filtering.row_values(model.loss, y, y_pred)
             penalty = _filtering.penalty(model, model.losses)
@@ -223,10 +202,7 @@ class _Hooks:
 
     def no_output(self, x):
         """Zeros in the shape of the model's output for `x`."""
-        model = self.model
-        return keras.ops.zeros(
-            (_batch_size(x), *model._output_tail), model._output_dtype
-        )
+        return self.model.filter_engine.no_output(_batch_size(x))
 
     def score(self, x):
         """A forward pass in training mode (dropout as in a plain step);
@@ -234,9 +210,9 @@ class _Hooks:
         dropout's seed state is left to advance. In inference mode with
         `SkipMasked(score_training=False)`."""
         model = self.model
-        if not model._score_training:
+        if not model.filter_engine.score_training:
             y_pred = model.inner_model(x, training=False)
-            model._check_step_outputs(y_pred)
+            model.check_step_outputs(y_pred)
             return y_pred, _filtering.penalty(model, model.losses)
         saved_variables = [
             v
@@ -245,78 +221,88 @@ class _Hooks:
         ]
         saved = [v.value.clone() for v in saved_variables]
         y_pred = model.inner_model(x, training=True)
-        model._check_step_outputs(y_pred)
+        model.check_step_outputs(y_pred)
         for v, value in zip(saved_variables, saved):
             v.assign(value)
         return y_pred, _filtering.penalty(model, model.losses)
+
+
+class _Step:
+    """The stages of `_step.train_step` on PyTorch: eager, every tensor
+    that needs no gradient computed under `torch.no_grad()`."""
+
+    def __init__(self, model):
+        self.model = model
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+
+    def filtered(self, x, y, sample_weight):
+        model = self.model
+        # In eager steps the queues move rows with slices (`EagerQueue`);
+        # under `torch.compile`, with static-shape gathers.
+        queue_ops = _queue if model.jit_compile else EagerQueue
+        # Only the training pass needs a graph (`_Hooks.maybe_train`).
+        with torch.no_grad():
+            inputs, output = model.filter_engine.step(
+                model.loss,
+                x,
+                y,
+                sample_weight,
+                _Hooks(model),
+                stateless_uniform,
+                queue_ops=queue_ops,
+            )
+        return _step.filtered_result(inputs, output)
+
+    def plain(self, x, y, sample_weight):
+        model = self.model
+        inputs, _ = filters.split_sample_ids(x)
+        y_pred = model.inner_model(inputs, training=True)
+        model.zero_grad()
+        with _recorded_rows(model.loss) as recorded:
+            loss = model.compute_loss(
+                x=inputs,
+                y=y,
+                y_pred=y_pred,
+                sample_weight=sample_weight,
+                training=True,
+            )
+        model.optimizer.scale_loss(loss).backward()
+        grads = _gradients(model.trainable_variables)
+        with torch.no_grad():
+            counts = _counts(model, recorded, y, y_pred, sample_weight)
+        return _step.plain_result(
+            grads,
+            counts,
+            loss.detach(),
+            _batch_size(x),
+            inputs,
+            y,
+            y_pred,
+            sample_weight,
+        )
+
+    def apply(self, result):
+        model = self.model
+        with torch.no_grad():
+            model.optimizer.apply(
+                result.grads,
+                model.trainable_variables,
+                rows=result.rows,
+                masked_rows=result.masked,
+            )
+
+    def logs(self, result):
+        with torch.no_grad():
+            return _step.update_logs(self.model, result)
 
 
 class ASSpeedTrainer:
     """`train_step` and `test_step` of `ASSpeed` on PyTorch, eager (or
     under `torch.compile` with `jit_compile=True`)."""
 
-    @property
-    def _queue_ops(self):
-        """How the filtered step keeps its queues: with slices in eager
-        steps (`EagerQueue`), with static-shape gathers under
-        `torch.compile`."""
-        return _queue if self.jit_compile else EagerQueue
-
     def train_step(self, data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        variables = self.trainable_variables
-        if not self.optimizer.built:
-            self.optimizer.build(variables)
-        if self.sample_filters:
-            # Only the training pass needs a graph (`_Hooks.maybe_train`).
-            with torch.no_grad():
-                inputs, output = self._filtered_step(
-                    x,
-                    y,
-                    sample_weight,
-                    _Hooks(self),
-                    queue_ops=self._queue_ops,
-                )
-            grads, rows, masked = output.grads, output.rows, output.masked_rows
-            metric_args = output.metric_args(inputs)
-            trained, scored = output.trained, output.scored
-            self._loss_tracker.update_state(
-                output.loss, sample_weight=output.loss_weight
-            )
-        else:
-            inputs, _ = filters.split_sample_ids(x)
-            y_pred = self.inner_model(inputs, training=True)
-            self.zero_grad()
-            with _recorded_rows(self.loss) as recorded:
-                loss = self.compute_loss(
-                    x=inputs,
-                    y=y,
-                    y_pred=y_pred,
-                    sample_weight=sample_weight,
-                    training=True,
-                )
-            self._loss_tracker.update_state(loss, sample_weight=_batch_size(x))
-            self.optimizer.scale_loss(loss).backward()
-            grads = _gradients(variables)
-            with torch.no_grad():
-                masked, rows = _counts(self, recorded, y, y_pred, sample_weight)
-            metric_args = (inputs, y, y_pred, sample_weight, None)
-            trained, scored = 1.0, None
-        with torch.no_grad():
-            self.optimizer.apply(
-                grads, variables, rows=rows, masked_rows=masked
-            )
-            logs = self._step_metrics(
-                *metric_args,
-                counts=(masked, rows),
-                trained=trained,
-                scored=scored,
-            )
-        return logs
+        return _step.train_step(_Step(self), data)
 
     def test_step(self, data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        x, _ = filters.split_sample_ids(x)
-        return super().test_step(
-            keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
-        )
+        return super().test_step(_step.without_ids(data))

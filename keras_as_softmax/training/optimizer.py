@@ -251,6 +251,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         trainable_variables,
         rows=0.0,
         masked_rows=0.0,
+        from_pass=True,
     ):
         """`apply` as a pure function of values (JAX): returns the new
         `(trainable_variables, optimizer_variables)`."""
@@ -268,7 +269,9 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         ]
         inner = values[n + 1 :]
         window = self._values(values[:n], values[n])
-        window = accumulation.add(window, self._pack(grads), rows, masked_rows)
+        window = accumulation.add(
+            window, self._pack(grads), rows, masked_rows, from_pass
+        )
         due = accumulation.is_due(window)
 
         # The update runs in the conditional (with the state donated, its
@@ -329,7 +332,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         runs, then calls `apply(None, ...)`)."""
         if keras.backend.backend() == "torch":
             self._check_count(grads)
-            self._torch_accumulate(grads)
+            _torch_accumulate(self, grads)
             return
         self._assign_window(
             accumulation.add_gradients(self._window(), self._pack(grads))
@@ -352,16 +355,17 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             rows: counted rows of the micro-batch (`N_all`), a scalar.
             masked_rows: masked rows among them (`N_masked`), a scalar.
             from_pass: a bool scalar, false where `grads` are zeros that
-                stand for no training pass (TensorFlow's replicas, which
-                all-reduce gradients whether or not a pass ran).
+                stand for no training pass (as TensorFlow's replicas
+                all-reduce gradients whether or not a pass ran): they bring
+                no gradient to the window.
         """
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
         backend = keras.backend.backend()
         if backend == "tensorflow":
-            self._tf_apply(
-                grads, trainable_variables, rows, masked_rows, from_pass
+            _tf_apply(
+                self, grads, trainable_variables, rows, masked_rows, from_pass
             )
         elif backend == "jax":
             # Branches of `jax.lax.cond` cannot assign: run the pure form.
@@ -372,15 +376,20 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
                 [v.value for v in variables],
                 rows=rows,
                 masked_rows=masked_rows,
+                from_pass=from_pass,
             )
             for variable, value in zip(variables, new_variables):
                 variable.assign(value)
             for variable, value in zip(self.variables, new_state):
                 variable.assign(value)
         elif backend == "torch":
-            self._torch_apply(grads, trainable_variables, rows, masked_rows)
+            if not from_pass:  # zeros that stand for no training pass
+                grads = None
+            _torch_apply(self, grads, trainable_variables, rows, masked_rows)
         else:
-            self._common_apply(grads, trainable_variables, rows, masked_rows)
+            self._common_apply(
+                grads, trainable_variables, rows, masked_rows, from_pass
+            )
 
     def _add(self, packed, rows, masked_rows, from_pass=True):
         window = accumulation.add(
@@ -400,102 +409,15 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         # The sums stay as they are, marked stale.
         self._assign_window(fresh, sums=False)
 
-    def _common_apply(self, grads, trainable_variables, rows, masked_rows):
-        self._add(self._pack(grads), rows, masked_rows)
+    def _common_apply(
+        self, grads, trainable_variables, rows, masked_rows, from_pass=True
+    ):
+        self._add(self._pack(grads), rows, masked_rows, from_pass)
         ops.cond(
             accumulation.is_due(self._window()),
             lambda: self._finish(trainable_variables),
             lambda: None,
         )
-
-    def _torch_sums(self):
-        """Views of the sums' buffers, one per weight."""
-        return self._layout.unpack([v.value for v in self.grad_sums])
-
-    def _torch_accumulate(self, grads, has_grads=None):
-        import torch
-
-        counts = self.window_counts.value
-        if has_grads is None:
-            has_grads = bool(counts[4])
-        with torch.no_grad():
-            sums = self._torch_sums()
-            grads = _torch_grads(grads, sums)
-            if has_grads:
-                torch._foreach_add_(sums, grads)
-            else:
-                torch._foreach_copy_(sums, grads)
-                counts[4] = 1.0
-
-    def _torch_apply(self, grads, trainable_variables, rows, masked_rows):
-        """PyTorch runs eagerly: the window's end is a Python `if` on the
-        counts, read on the host once a step (as the torch trainer decides
-        its passes; `keras.ops.cond` would build an operation on every
-        call), and the sums and counts are updated in place. A window's
-        last gradients go into its mean without a copy into the sums, so a
-        window of one micro-batch applies them as a plain step does."""
-        import torch
-
-        self._check_count(grads)
-        counts = self.window_counts.value
-        with torch.no_grad():
-            counts[0] += 1.0
-            counts[1] += rows
-            counts[2] += masked_rows
-        micro_batches, _, _, steps, has_grads = counts.tolist()
-        if grads is not None and (micro_batches < steps or has_grads):
-            self._torch_accumulate(grads, has_grads)
-            grads, has_grads = None, True
-        # As `accumulation.is_due`: `steps` micro-batches and a gradient.
-        if micro_batches < steps or (grads is None and not has_grads):
-            return
-        with torch.no_grad():
-            sums = self._torch_sums()
-            grads = sums if grads is None else _torch_grads(grads, sums)
-            if micro_batches != 1:
-                grads = torch._foreach_div(grads, micro_batches)
-        variables = trainable_variables or self._trainable_variables
-        grads = self._regularized(grads, variables, variables)
-        self.inner_optimizer.apply(grads, trainable_variables)
-        # The sums stay as they are, marked stale.
-        window = accumulation.end_window_where(
-            True, self._window(), self.steps_rule
-        )
-        self._assign_window(window, sums=False)
-
-    def _tf_apply(
-        self, grads, trainable_variables, rows, masked_rows, from_pass
-    ):
-        """TensorFlow: under several replicas, every replica adds the
-        all-reduced gradients (the window's variables keep the first
-        replica's copy), and the window ends in cross-replica context, as
-        `LossScaleOptimizer` builds its conditional."""
-        import tensorflow as tf
-
-        context = tf.distribute.get_replica_context()
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        if context is None or replicas == 1:
-            # One device: a filtered step adds its gradients inside the
-            # training pass's branch and passes none here.
-            self._common_apply(grads, trainable_variables, rows, masked_rows)
-            return
-        if grads is not None:
-            grads = context.all_reduce("sum", self._pack(grads))
-        self._add(grads, rows, masked_rows, from_pass)
-
-        def cross_replica(distribution, due):
-            done = distribution.experimental_local_results(due)[0]
-            # The inner optimizer sums the replicas' gradients again.
-            ops.cond(
-                done,
-                lambda: distribution.extended.call_for_each_replica(
-                    self._finish, args=(trainable_variables, replicas)
-                ),
-                lambda: None,
-            )
-
-        due = accumulation.is_due(self._window())
-        context.merge_call(cross_replica, args=(due,))
 
     # ------------------------------------------------------- as the inner
 
@@ -583,6 +505,101 @@ def _gradients(fn, weights):
     )
 
 
+def _tf_apply(
+    optimizer, grads, trainable_variables, rows, masked_rows, from_pass
+):
+    """TensorFlow: under several replicas, every replica adds the
+    all-reduced gradients (the window's variables keep the first
+    replica's copy), and the window ends in cross-replica context, as
+    `LossScaleOptimizer` builds its conditional."""
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    if context is None or replicas == 1:
+        # One device: a filtered step adds its gradients inside the
+        # training pass's branch and passes none here.
+        optimizer._common_apply(
+            grads, trainable_variables, rows, masked_rows, from_pass
+        )
+        return
+    if grads is not None:
+        grads = context.all_reduce("sum", optimizer._pack(grads))
+    optimizer._add(grads, rows, masked_rows, from_pass)
+
+    def cross_replica(distribution, due):
+        done = distribution.experimental_local_results(due)[0]
+        # The inner optimizer sums the replicas' gradients again.
+        ops.cond(
+            done,
+            lambda: distribution.extended.call_for_each_replica(
+                optimizer._finish, args=(trainable_variables, replicas)
+            ),
+            lambda: None,
+        )
+
+    due = accumulation.is_due(optimizer._window())
+    context.merge_call(cross_replica, args=(due,))
+
+
+def _torch_sums(optimizer):
+    """Views of the sums' buffers, one per weight."""
+    return optimizer._layout.unpack([v.value for v in optimizer.grad_sums])
+
+
+def _torch_accumulate(optimizer, grads, has_grads=None):
+    import torch
+
+    counts = optimizer.window_counts.value
+    if has_grads is None:
+        has_grads = bool(counts[4])
+    with torch.no_grad():
+        sums = _torch_sums(optimizer)
+        grads = _torch_grads(grads, sums)
+        if has_grads:
+            torch._foreach_add_(sums, grads)
+        else:
+            torch._foreach_copy_(sums, grads)
+            counts[4] = 1.0
+
+
+def _torch_apply(optimizer, grads, trainable_variables, rows, masked_rows):
+    """PyTorch runs eagerly: the window's end is a Python `if` on the
+    counts, read on the host once a step (as the torch trainer decides
+    its passes; `keras.ops.cond` would build an operation on every
+    call), and the sums and counts are updated in place. A window's
+    last gradients go into its mean without a copy into the sums, so a
+    window of one micro-batch applies them as a plain step does."""
+    import torch
+
+    optimizer._check_count(grads)
+    counts = optimizer.window_counts.value
+    with torch.no_grad():
+        counts[0] += 1.0
+        counts[1] += rows
+        counts[2] += masked_rows
+    micro_batches, _, _, steps, has_grads = counts.tolist()
+    if grads is not None and (micro_batches < steps or has_grads):
+        _torch_accumulate(optimizer, grads, has_grads)
+        grads, has_grads = None, True
+    # As `accumulation.is_due`: `steps` micro-batches and a gradient.
+    if micro_batches < steps or (grads is None and not has_grads):
+        return
+    with torch.no_grad():
+        sums = _torch_sums(optimizer)
+        grads = sums if grads is None else _torch_grads(grads, sums)
+        if micro_batches != 1:
+            grads = torch._foreach_div(grads, micro_batches)
+    variables = trainable_variables or optimizer._trainable_variables
+    grads = optimizer._regularized(grads, variables, variables)
+    optimizer.inner_optimizer.apply(grads, trainable_variables)
+    # The sums stay as they are, marked stale.
+    window = accumulation.end_window_where(
+        True, optimizer._window(), optimizer.steps_rule
+    )
+    optimizer._assign_window(window, sums=False)
+
+
 def _torch_grads(grads, sums):
     """`grads` as tensors like the sums, zeros where a variable got none."""
     import torch
@@ -593,3 +610,29 @@ def _torch_grads(grads, sums):
         else torch.as_tensor(g, dtype=s.dtype, device=s.device)
         for s, g in zip(sums, grads)
     ]
+
+
+def scaling_inside_window(optimizer):
+    """The optimizer `compile` made, with loss scaling inside the window.
+
+    Under `mixed_float16`, Keras's `compile` wraps an `AccumulatingOptimizer`
+    passed in with a `LossScaleOptimizer`: the scaling moves inside the
+    window, where `ASSpeed` puts it for an optimizer it wraps itself, so
+    that there is one window. Any other optimizer is returned as it is.
+    """
+    if not isinstance(
+        optimizer, keras.optimizers.LossScaleOptimizer
+    ) or not isinstance(optimizer.inner_optimizer, AccumulatingOptimizer):
+        return optimizer
+    window = optimizer.inner_optimizer
+    if not isinstance(
+        window.inner_optimizer, keras.optimizers.LossScaleOptimizer
+    ):
+        window.inner_optimizer = keras.optimizers.LossScaleOptimizer(
+            window.inner_optimizer,
+            initial_scale=optimizer.initial_scale,
+            dynamic_growth_steps=optimizer.dynamic_growth_steps,
+        )
+        if window.built:
+            window.inner_optimizer.build(window._trainable_variables)
+    return window

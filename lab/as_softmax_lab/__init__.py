@@ -14,7 +14,9 @@ One module per job: `methods` (what each method trains with), `datasets`
 and `data` (loading, tokenizing), `backbones` and `models` (the BERT
 classifier), `runner` (one measured run), `task_metrics`, `report` (tables),
 `time_to_target` (time to a quality target) and `plots` (figures). The
-names below are their public parts.
+names below are their public parts. What the speed benchmarks share with
+the lab's scripts is imported from its own module, not from here:
+`timing` (the timing loop), `tiny_mlp` and `random_bert` (the models).
 
 Example:
 

@@ -1,6 +1,7 @@
-"""The timing loop the speed benchmarks share: epochs of several models
-timed in turn, in one process, so that a stretch of machine load slows
-every model of a round alike."""
+"""The timing loop that the speed benchmarks (`benchmarks/`) and the
+lab's timing scripts share: epochs of several models timed in turn, in one
+process, so that a stretch of machine load slows every model of a round
+alike."""
 
 import statistics
 import time
