@@ -58,4 +58,4 @@ __all__ = [
     "temperature_softmax_cross_entropy",
 ]
 
-__version__ = "0.5.28"
+__version__ = "0.6.0"

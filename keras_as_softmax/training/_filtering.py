@@ -179,6 +179,17 @@ def penalty(model, losses):
     return total
 
 
+def moving_statistics(model):
+    """The inner model's variables that a scoring pass puts back: its
+    non-trainable ones (`BatchNormalization`'s moving statistics), except
+    dropout's seed state, which advances as in a plain step."""
+    return [
+        v
+        for v in model.inner_model.non_trainable_variables
+        if not v.path.endswith("seed_generator_state")
+    ]
+
+
 def _to_rows(weight, rows):
     weight = rows_rank(weight, rows.shape)
     return ops.cast(weight, "float32") * ops.ones_like(rows, "float32")

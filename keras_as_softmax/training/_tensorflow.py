@@ -158,19 +158,14 @@ class _Hooks:
         )
 
     def _score_pass(self, x):
-        """A forward pass in training mode (dropout as in a plain step);
-        moving statistics such as `BatchNormalization`'s are put back, and
-        dropout's seed state is left to advance. In inference mode with
+        """A forward pass in training mode, its moving statistics put back
+        (`_filtering.moving_statistics`); in inference mode with
         `SkipMasked(score_training=False)`."""
         model = self.model
         if not self.engine.score_training:
             y_pred = model(x, training=False)
             return tf.identity(y_pred), self._score_penalty()
-        saved_variables = [
-            v
-            for v in model.inner_model.non_trainable_variables
-            if not v.path.endswith("seed_generator_state")
-        ]
+        saved_variables = _filtering.moving_statistics(model)
         saved = [tf.identity(v.value) for v in saved_variables]
         with tf.control_dependencies(saved):
             y_pred = model(x, training=True)
@@ -298,13 +293,7 @@ class _Step:
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
             # Divided by the number of replicas, like every Keras loss.
-            loss = model.compute_loss(
-                x=x,
-                y=y,
-                y_pred=y_pred,
-                sample_weight=sample_weight,
-                training=True,
-            )
+            loss = model.compute_loss(x, y, y_pred, sample_weight)
             scaled_loss = model.optimizer.scale_loss(loss)
         variables = model.trainable_variables
         grads = _dense_grads(tape.gradient(scaled_loss, variables), variables)

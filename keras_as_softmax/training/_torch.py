@@ -205,20 +205,15 @@ class _Hooks:
         return self.model.filter_engine.no_output(_batch_size(x))
 
     def score(self, x):
-        """A forward pass in training mode (dropout as in a plain step);
-        moving statistics such as `BatchNormalization`'s are put back, and
-        dropout's seed state is left to advance. In inference mode with
+        """A forward pass in training mode, its moving statistics put back
+        (`_filtering.moving_statistics`); in inference mode with
         `SkipMasked(score_training=False)`."""
         model = self.model
         if not model.filter_engine.score_training:
             y_pred = model.inner_model(x, training=False)
             model.check_step_outputs(y_pred)
             return y_pred, _filtering.penalty(model, model.losses)
-        saved_variables = [
-            v
-            for v in model.inner_model.non_trainable_variables
-            if not v.path.endswith("seed_generator_state")
-        ]
+        saved_variables = _filtering.moving_statistics(model)
         saved = [v.value.clone() for v in saved_variables]
         y_pred = model.inner_model(x, training=True)
         model.check_step_outputs(y_pred)
@@ -260,13 +255,7 @@ class _Step:
         y_pred = model.inner_model(inputs, training=True)
         model.zero_grad()
         with _recorded_rows(model.loss) as recorded:
-            loss = model.compute_loss(
-                x=inputs,
-                y=y,
-                y_pred=y_pred,
-                sample_weight=sample_weight,
-                training=True,
-            )
+            loss = model.compute_loss(inputs, y, y_pred, sample_weight)
         model.optimizer.scale_loss(loss).backward()
         grads = _gradients(model.trainable_variables)
         with torch.no_grad():

@@ -8,7 +8,6 @@ from keras import ops
 
 from keras_as_softmax import filters as filters_lib
 from keras_as_softmax._validation import check_int
-from keras_as_softmax._validation import check_positive
 from keras_as_softmax.filters.base import as_list
 from keras_as_softmax.training import _checks
 from keras_as_softmax.training import _data
@@ -102,8 +101,9 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             )
         super().__init__(**kwargs)
         self.inner_model = model
-        self.lam = check_positive(lam, "lam")
-        self.max_steps = check_int(max_steps, "max_steps", 1)
+        self.steps_rule = AdaptiveSteps(lam, max_steps)  # checks them
+        self.lam = self.steps_rule.lam
+        self.max_steps = self.steps_rule.max_steps
         self.sample_filters = as_list(sample_filter)
         self.masked_outputs = _checks.as_output_names(masked_outputs)
         self.filter_engine = None
@@ -203,7 +203,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
             if wrap:
                 optimizer = AccumulatingOptimizer(
                     optimizer,
-                    AdaptiveSteps(self.lam, self.max_steps),
+                    self.steps_rule,
                     name="accumulating_optimizer",
                 )
         self.optimizer = optimizer
@@ -291,13 +291,7 @@ class ASSpeed(ASSpeedTrainer, keras.Model):
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
     ):
         self.check_step_outputs(y_pred)
-        return super().compute_loss(
-            x=x,
-            y=y,
-            y_pred=y_pred,
-            sample_weight=sample_weight,
-            training=training,
-        )
+        return super().compute_loss(x, y, y_pred, sample_weight, training)
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         # Evaluation counts masked rows here; train steps count them where
