@@ -1798,11 +1798,9 @@ def test_torch_compile_gives_the_eager_weights(sample_filter):
     eager, eager_logs = fit(False)
     compiled, compiled_logs = fit(True)
     # Every weight the same, but the queue's stale rows (past its count).
-    buffers = {
-        id(v)
-        for v in eager.filter_engine.queue_variables()
-        if len(v.shape) == 2
-    }
+    engine = eager.filter_engine
+    queues = engine.queue_variables() if engine else []
+    buffers = {id(v) for v in queues if len(v.shape) == 2}
     count = sample_filter and int(
         ops.convert_to_numpy(eager.filter_engine.train_queue.count)
     )
