@@ -78,3 +78,20 @@ class MaskedTagger(keras.Model):
 
     def call(self, tokens):
         return self.dense(self.embedding(tokens))
+
+
+def run_json_script(script, timeout=600):
+    """Runs `script` in a fresh Python process and returns the JSON that
+    its last line of output prints; fails with its stderr if it fails."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -13,6 +13,7 @@ import keras_as_softmax as kas
 from keras_as_softmax.training.accumulation import next_accumulation_steps
 from tests.backend_utils import BACKEND
 from tests.backend_utils import MaskedTagger
+from tests.backend_utils import run_json_script
 
 JIT = BACKEND in ("tensorflow", "jax")  # XLA; PyTorch runs eagerly.
 
@@ -1519,18 +1520,7 @@ print(json.dumps({
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute")
 def test_mirrored_strategy_matches_single_device():
-    import json
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-c", MIRRORED_SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_json_script(MIRRORED_SCRIPT)
     assert result["diff"] < 1e-5
     assert result["mirrored_steps"] == result["single_steps"]
     assert max(result["single_steps"]) == 3  # the steps really moved

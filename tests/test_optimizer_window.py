@@ -19,6 +19,7 @@ from keras import ops
 
 import keras_as_softmax as kas
 from tests.backend_utils import BACKEND
+from tests.backend_utils import run_json_script
 
 LR = 0.5
 DTYPES = ("float32", "float64")
@@ -237,18 +238,7 @@ def test_zeros_from_no_training_pass_do_not_end_a_window_on_replicas():
     no training pass ran: with `from_pass=False` they count as micro-batches
     without a gradient, the window stays open, and the first gradient ends
     it with its mean over all 4; zeros from a pass end windows as usual."""
-    import json
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-c", MIRRORED_FROM_PASS],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_json_script(MIRRORED_FROM_PASS)
     no_pass_iterations, no_pass_value = result["no_pass"]
     assert no_pass_iterations == [0, 0, 0, 1]
     assert no_pass_value == [-0.25, 0.5]  # -0.5 * [2, -4] / 4
